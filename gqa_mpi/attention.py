@@ -1,0 +1,163 @@
+"""Tiled online-softmax attention over one rank's KV slice, in pure NumPy.
+
+This module never imports MPI: it is the arithmetic of one PE, testable alone.
+
+Shapes used throughout (``R = G * T_q`` query rows per KV head)::
+
+    q        (B, h_kv, R, d)        query rows grouped by the KV head they use
+    k, v     (B, h_kv, S_local, d)  the rank's resident slice, float32, contiguous
+    Partial  m, l: (B, h_kv, R)     O: (B, h_kv, R, d)
+
+Row ``r`` of KV head ``h`` is query head ``h * G + r // T_q`` at query position
+``r % T_q``, so query head ``j`` uses KV head ``j // G`` (SPEC.md).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "Partial", "empty_partial", "merge", "fold_queries", "unfold_output",
+    "resident", "local_attention", "causal_limits", "finalize",
+]
+
+
+class Partial(NamedTuple):
+    """A running online-softmax state ``(m, l, O)``.
+
+    ``m`` is the running max score, ``l`` the running sum of ``exp(s - m)`` and
+    ``O`` the running unnormalised ``sum exp(s - m) * v``. The empty partial
+    ``(-inf, 0, 0)`` is the identity of :func:`merge`.
+    """
+
+    m: np.ndarray
+    l: np.ndarray
+    O: np.ndarray
+
+
+def empty_partial(batch: int, h_kv: int, rows: int, d: int) -> Partial:
+    """The identity partial ``(-inf, 0, 0)`` in float32."""
+    return Partial(
+        np.full((batch, h_kv, rows), -np.inf, dtype=np.float32),
+        np.zeros((batch, h_kv, rows), dtype=np.float32),
+        np.zeros((batch, h_kv, rows, d), dtype=np.float32),
+    )
+
+
+def _shift(m: np.ndarray) -> np.ndarray:
+    """The max to subtract before ``exp``: ``m``, with ``-inf`` replaced by 0.
+
+    Rows that have seen no key keep ``m = -inf``; subtracting 0 instead makes
+    their ``exp(-inf - 0) = 0`` rather than ``exp(-inf + inf) = NaN``.
+    """
+    return np.where(np.isneginf(m), np.float32(0), m)
+
+
+def merge(a: Partial, b: Partial) -> Partial:
+    """Merge two partials (SPEC "Per-rank work", step 3); never produces NaN.
+
+    ``m' = max(m1, m2)``, ``l' = l1 e^(m1-m') + l2 e^(m2-m')`` and the same for O.
+    Each exponent is ``<= 0``, so nothing overflows however far apart the two
+    log-sum-exps are.
+    """
+    m = np.maximum(a.m, b.m)
+    shift = _shift(m)
+    ea = np.exp(a.m - shift)
+    eb = np.exp(b.m - shift)
+    l = a.l * ea + b.l * eb
+    O = a.O * ea[..., None] + b.O * eb[..., None]
+    return Partial(m, l, O)
+
+
+def fold_queries(q: np.ndarray, h_kv: int, d: int) -> np.ndarray:
+    """``(B, T_q, h_q*d)`` -> ``(B, h_kv, G*T_q, d)``, grouping heads by KV head."""
+    B, T_q, width = q.shape
+    G = width // (h_kv * d)
+    return (q.reshape(B, T_q, h_kv, G, d)
+             .transpose(0, 2, 3, 1, 4)
+             .reshape(B, h_kv, G * T_q, d))
+
+
+def unfold_output(o: np.ndarray, T_q: int) -> np.ndarray:
+    """Inverse of :func:`fold_queries`: ``(B, h_kv, G*T_q, d)`` -> ``(B, T_q, h_q*d)``."""
+    B, h_kv, R, d = o.shape
+    G = R // T_q
+    return (o.reshape(B, h_kv, G, T_q, d)
+             .transpose(0, 3, 1, 2, 4)
+             .reshape(B, T_q, h_kv * G * d))
+
+
+def resident(rows: np.ndarray, h_kv: int, d: int) -> np.ndarray:
+    """Lay out a K or V slice for the tile sweep, once, when it is loaded.
+
+    ``(B, S_local, h_kv*d)`` (any float dtype, possibly a memory map) becomes a
+    contiguous float32 ``(B, h_kv, S_local, d)``: every tile of every head is
+    then one contiguous block that BLAS reads without a copy, and float16
+    inputs are converted here rather than once per tile.
+    """
+    B, S_local, _ = rows.shape
+    out = np.empty((B, h_kv, S_local, d), dtype=np.float32)
+    out[...] = rows.reshape(B, S_local, h_kv, d).transpose(0, 2, 1, 3)
+    return out
+
+
+def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
+                    scale: float, tile: int = 1024, start: int = 0,
+                    causal_limit: np.ndarray | None = None) -> Partial:
+    """Sweep one rank's slice in tiles of ``tile`` tokens with an online softmax.
+
+    Parameters
+    ----------
+    q : (B, h_kv, R, d) float32
+        Folded queries (:func:`fold_queries`).
+    k, v : (B, h_kv, S_local, d) float32
+        The rank's resident slice (:func:`resident`); ``S_local`` may be 0.
+    scale : float
+        Multiplies every score ``q . k``.
+    tile : int
+        Tokens per tile; scratch memory is ``O(B * h_kv * R * tile)``
+        whatever ``S_local`` is.
+    start : int
+        Global index of the slice's first token (for the causal mask).
+    causal_limit : (R,) int array, optional
+        Row ``r`` sees global keys ``<= causal_limit[r]``; None for no mask.
+
+    Returns
+    -------
+    Partial
+        ``(m, l, O)`` of this slice; the empty partial when ``S_local == 0``.
+    """
+    B, h_kv, R, d = q.shape
+    S_local = k.shape[2]
+    qs = (q * np.float32(scale)).astype(np.float32, copy=False)
+    m, l, O = empty_partial(B, h_kv, R, d)
+    for s0 in range(0, S_local, tile):
+        s1 = min(s0 + tile, S_local)
+        scores = np.matmul(qs, k[:, :, s0:s1].swapaxes(-1, -2))  # (B, h_kv, R, t)
+        if causal_limit is not None and start + s1 - 1 > causal_limit.min():
+            hidden = np.arange(start + s0, start + s1)[None, :] > causal_limit[:, None]
+            np.copyto(scores, -np.inf, where=hidden)
+        m_new = np.maximum(m, scores.max(axis=-1))
+        shift = _shift(m_new)
+        np.subtract(scores, shift[..., None], out=scores)
+        np.exp(scores, out=scores)
+        alpha = np.exp(m - shift)
+        l = l * alpha + scores.sum(axis=-1)
+        O = O * alpha[..., None] + np.matmul(scores, v[:, :, s0:s1])
+        m = m_new
+    return Partial(m, l, O)
+
+
+def causal_limits(S_kv: int, T_q: int, G: int) -> np.ndarray:
+    """Last visible key per folded row: query ``t`` sees keys ``0 .. S_kv - T_q + t``."""
+    t = np.arange(G * T_q) % T_q
+    return S_kv - T_q + t
+
+
+def finalize(p: Partial) -> np.ndarray:
+    """``O / l`` as float32; rows that saw no key (``l == 0``) give zeros, not NaN."""
+    l = p.l[..., None]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = np.where(l > 0, p.O / np.where(l > 0, l, 1), 0)
+    return out.astype(np.float32, copy=False)

@@ -1,0 +1,212 @@
+"""Command line: ``mpirun -n 16 python -m gqa_mpi [options]``.
+
+Only rank 0 prints. A user mistake is one line on stderr and exit code 2 on every
+rank; any other exception on any rank aborts the whole job (``comm.Abort``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import List, Optional
+
+# One rank plays one PE on one core: BLAS gets one thread unless the user says otherwise.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from mpi4py import MPI  # noqa: E402
+
+from . import __version__  # noqa: E402
+from .config import DEFAULT_GRID, WIRES, Config, default_topology
+from .inputs import InputError, inspect_inputs
+from .run import run
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+
+DESCRIPTION = """\
+Emulate one decode step of the accelerator's long-context GQA kernel on MPI.
+
+Every MPI rank plays one PE of one cube (rank = cube * P + pe) and holds a
+contiguous slice of the KV cache. It sweeps its slice in tiles with an online
+softmax, then the partials (m, l, O) flow to rank 0 along the kernel's chain:
+leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
+cube to cube (W). Rank 0 normalises, checks O against a float64 reference and
+prints a report. Exit code: 0 passed, 1 check failed, 2 bad input.
+"""
+
+EPILOG = """\
+examples:
+  mpirun -n 16 python -m gqa_mpi                      2 cubes x 8 PEs, default problem
+  mpirun -n 12 python -m gqa_mpi --cubes 2 --pes 6    short last PE row (2x4 grid)
+  mpirun -n 8 python -m gqa_mpi --seq-len 100000 --queries 4 --causal
+  mpirun -n 4 python -m gqa_mpi --inputs DIR --output o.npy --json run.json
+  python -m gqa_mpi                                    one rank (C = P = 1)
+
+--inputs DIR reads q.npy (T_q, h_q*d) and k.npy, v.npy (S_kv, h_kv*d), or 3-D with
+a leading batch axis, float16 or float32; --head-dim splits the widths into heads.
+"""
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line by rank 0, exit code 2 on every rank."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, and prints on rank 0 only."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+    def _print_message(self, message, file=None):
+        if MPI.COMM_WORLD.rank == 0:
+            super()._print_message(message, file)
+
+
+def _grid(text: str):
+    try:
+        rows, cols = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 2x4, got {text!r}")
+    return rows, cols
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"gqa_mpi {__version__}")
+    t = p.add_argument_group("topology (C x P must equal the number of MPI ranks)")
+    t.add_argument("--cubes", type=int, metavar="C",
+                   help="cubes in the inter-cube chain (default: from the world size)")
+    t.add_argument("--pes", type=int, metavar="P",
+                   help="PEs per cube, 1..rows*cols of the grid (default: the largest "
+                        "divisor of the world size that fits the grid; 16 ranks -> 8)")
+    t.add_argument("--grid", type=_grid, default=DEFAULT_GRID, metavar="RxC",
+                   help="PE grid of one cube, rows x columns (default 2x4); a cube's "
+                        "last row may be short")
+    g = p.add_argument_group("problem (generated unless --inputs is given)")
+    g.add_argument("--seq-len", type=int, metavar="S_KV",
+                   help="KV tokens, split over all ranks (default 32768)")
+    g.add_argument("--heads-q", type=int, metavar="H_Q", help="query heads (default 32)")
+    g.add_argument("--heads-kv", type=int, metavar="H_KV",
+                   help="KV heads; must divide --heads-q (default 8)")
+    g.add_argument("--head-dim", type=int, default=128, metavar="D",
+                   help="dimension of one head (default 128)")
+    g.add_argument("--queries", type=int, metavar="T_Q",
+                   help="query tokens of this decode step (default 1)")
+    g.add_argument("--batch", type=int, metavar="B",
+                   help="sequences; given, Q and O carry a batch axis (default: none)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the generated inputs "
+                   "(the same seed gives the same tensors at any rank count)")
+    g.add_argument("--inputs", metavar="DIR",
+                   help="read q.npy, k.npy, v.npy from DIR instead of generating")
+    a = p.add_argument_group("attention")
+    a.add_argument("--tile", type=int, default=1024, metavar="TOKENS",
+                   help="tokens per tile of the local sweep (default 1024)")
+    a.add_argument("--softmax-scale", type=float, metavar="X",
+                   help="score multiplier (default 1/sqrt(head-dim))")
+    a.add_argument("--causal", action="store_true",
+                   help="query t sees keys 0 .. S_kv - T_q + t")
+    a.add_argument("--wire", choices=WIRES, default="fp32",
+                   help="what a hop carries: fp32 = m, l, O as three float32 messages "
+                        "(default); kernel = the same in float16, as the kernel does "
+                        "(overflow is detected and reported); packed = one float32 message")
+    o = p.add_argument_group("output")
+    o.add_argument("--output", metavar="FILE.npy",
+                   help="root writes O here (layout of Q, float32), atomically")
+    o.add_argument("--json", metavar="FILE",
+                   help="root writes the run record here: config, check, per-phase "
+                        "timings (min/median/max over ranks), traffic, memory")
+    o.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
+                   help="check O against a float64 reference on the root; the root "
+                        "then holds all of K and V (default: --check)")
+    o.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return p
+
+
+def _writable(path: str, flag: str) -> Optional[str]:
+    """Why the root could not write ``path``, or None."""
+    if os.path.isdir(path):
+        return f"{flag} {path}: is a directory"
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        return f"{flag} {path}: directory {directory} does not exist"
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return f"{flag} {path}: directory {directory} is not writable"
+    return None
+
+
+def _root_checks(args) -> tuple:
+    """What only the root looks at: input headers and output paths.
+
+    Returns ``(problem, error)``; the caller broadcasts it so all ranks agree.
+    """
+    problem = None
+    try:
+        if args.inputs is not None:
+            if args.head_dim < 1:
+                return None, f"--head-dim must be a positive integer, got {args.head_dim}"
+            problem = inspect_inputs(args.inputs, args.head_dim)
+    except InputError as e:
+        return None, str(e)
+    for flag, path in (("--output", args.output), ("--json", args.json)):
+        if path is not None:
+            why = _writable(path, flag)
+            if why:
+                return None, why
+    return problem, None
+
+
+def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
+    """Parse, check and agree on the configuration; raise UsageError on every rank."""
+    args = build_parser().parse_args(argv)
+    problem, error = comm.bcast(_root_checks(args) if comm.rank == 0 else None, root=0)
+    if error:
+        raise UsageError(error)
+    dims = dict(seq_len=args.seq_len, heads_q=args.heads_q, heads_kv=args.heads_kv,
+                queries=args.queries, batch=args.batch)
+    if problem is not None:
+        for key, value in dims.items():
+            if value is not None and value != problem[key]:
+                flag = "--" + key.replace("_", "-")
+                raise UsageError(f"{flag} {value} does not match the inputs, which "
+                                 f"have {key.replace('_', '-')} {problem[key]}")
+        fields = problem
+    else:
+        fields = {k: v for k, v in dims.items() if v is not None}
+        fields["batched"] = args.batch is not None
+    try:
+        cubes, pes = default_topology(comm.size, args.cubes, args.pes, args.grid)
+        cfg = Config(cubes=cubes, pes=pes, world_size=comm.size, grid=args.grid,
+                     head_dim=args.head_dim, tile=args.tile,
+                     softmax_scale=args.softmax_scale, causal=args.causal, seed=args.seed,
+                     inputs=args.inputs, wire=args.wire, output=args.output,
+                     json=args.json, check=args.check, **fields)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return cfg, args
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m gqa_mpi`` and ``gqa-mpi``; returns the exit code."""
+    comm = MPI.COMM_WORLD
+    try:
+        try:
+            cfg, args = configure(comm, argv)
+        except UsageError as e:
+            if comm.rank == 0:
+                print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        return run(comm, cfg, quiet=args.quiet)
+    except SystemExit:
+        raise
+    except BaseException:
+        abort(comm)
+
+
+def abort(comm: MPI.Comm) -> None:
+    """Print this rank's traceback once, then end every rank of the job."""
+    sys.stderr.write(f"gqa_mpi: rank {comm.rank}: unexpected error, aborting all "
+                     f"{comm.size} ranks\n{traceback.format_exc()}")
+    sys.stderr.flush()
+    comm.Abort(1)

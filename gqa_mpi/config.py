@@ -1,0 +1,148 @@
+"""One frozen dataclass holding every knob of a run, checked on construction.
+
+Every rank builds the same :class:`Config` from the same arguments, so an invalid
+value raises the same :class:`ValueError` on every rank before any communication,
+and all ranks leave together.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Optional, Tuple
+
+WIRES = ("fp32", "kernel", "packed")
+"""What one hop of the reduction carries (see :mod:`gqa_mpi.wire`)."""
+
+DEFAULT_GRID = (2, 4)
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one decode step needs; invalid values raise ``ValueError``."""
+
+    cubes: int
+    """C, cubes in the inter-cube 1D chain."""
+    pes: int
+    """P, PEs per cube; ``rank = cube * P + pe``."""
+    world_size: int
+    """MPI ranks actually running; must equal ``C * P``."""
+    grid: Tuple[int, int] = DEFAULT_GRID
+    """PE grid of a cube as (rows, cols); PE ``pe`` sits at ``divmod(pe, cols)``."""
+    seq_len: int = 32768
+    """S_kv, KV tokens, split over all ranks."""
+    heads_q: int = 32
+    """h_q, query heads."""
+    heads_kv: int = 8
+    """h_kv, KV heads; must divide h_q (G = h_q / h_kv)."""
+    head_dim: int = 128
+    """d, dimension of one head."""
+    queries: int = 1
+    """T_q, query tokens of this decode step."""
+    batch: int = 1
+    """B, independent sequences."""
+    batched: bool = False
+    """Whether Q and O carry a batch axis, ``(B, T_q, h_q*d)``."""
+    tile: int = 1024
+    """TILE_S_KV, tokens per tile of the local sweep."""
+    softmax_scale: Optional[float] = None
+    """Score multiplier; None means ``1/sqrt(d)``."""
+    causal: bool = False
+    """Query ``t`` sees keys ``0 .. S_kv - T_q + t``."""
+    seed: int = 0
+    """Seed of the generated inputs (ignored with ``inputs``)."""
+    inputs: Optional[str] = None
+    """Directory holding q.npy, k.npy, v.npy; None to generate."""
+    wire: str = "fp32"
+    """Hop format: 'fp32' (m, l, O as float32), 'kernel' (float16), 'packed'."""
+    output: Optional[str] = None
+    """Where the root writes O (.npy); None to skip."""
+    json: Optional[str] = None
+    """Where the root writes the run record (JSON); None to skip."""
+    check: bool = True
+    """Check O on the root against a float64 reference."""
+
+    def __post_init__(self):
+        def positive(name, value):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+        rows, cols = self.grid
+        positive("grid rows", rows)
+        positive("grid cols", cols)
+        for name in ("cubes", "pes", "seq_len", "heads_q", "heads_kv", "head_dim",
+                     "queries", "batch", "tile"):
+            positive(name.replace("_", "-"), getattr(self, name))
+        if self.pes > rows * cols:
+            raise ValueError(f"--pes {self.pes} does not fit the {rows}x{cols} PE grid "
+                             f"(P must be 1..{rows * cols}; use --grid to change it)")
+        if self.cubes * self.pes != self.world_size:
+            raise ValueError(f"--cubes {self.cubes} x --pes {self.pes} = "
+                             f"{self.cubes * self.pes} ranks, but {self.world_size} "
+                             f"are running (mpirun -n {self.cubes * self.pes})")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"--heads-q {self.heads_q} is not a multiple of "
+                             f"--heads-kv {self.heads_kv}")
+        if self.batch > 1 and not self.batched:
+            raise ValueError(f"batch {self.batch} needs batched inputs")
+        if self.softmax_scale is not None and not (
+                math.isfinite(self.softmax_scale) and self.softmax_scale > 0):
+            raise ValueError(f"--softmax-scale must be a positive finite number, "
+                             f"got {self.softmax_scale!r}")
+        if self.wire not in WIRES:
+            raise ValueError(f"--wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
+
+    # ---- derived values ----
+    @property
+    def n_ranks(self) -> int:
+        return self.cubes * self.pes
+
+    @property
+    def group(self) -> int:
+        """G, query heads per KV head."""
+        return self.heads_q // self.heads_kv
+
+    @property
+    def scale(self) -> float:
+        if self.softmax_scale is not None:
+            return self.softmax_scale
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def rows_used(self) -> int:
+        return -(-self.pes // self.grid[1])
+
+    @property
+    def cols_used(self) -> int:
+        return min(self.grid[1], self.pes)
+
+    @property
+    def chain_depth(self) -> int:
+        """Hops on the critical path: ``(cols-1) + (rows-1) + (C-1)``."""
+        return (self.cols_used - 1) + (self.rows_used - 1) + (self.cubes - 1)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["grid"] = f"{self.grid[0]}x{self.grid[1]}"
+        d.update(group=self.group, scale=self.scale, chain_depth=self.chain_depth)
+        return d
+
+
+def default_topology(world: int, cubes: Optional[int], pes: Optional[int],
+                     grid: Tuple[int, int] = DEFAULT_GRID) -> Tuple[int, int]:
+    """Fill in ``(C, P)`` from the world size where the user left them out.
+
+    With neither given, P is the largest divisor of the world size that fits the
+    grid (16 ranks and a 2x4 grid give 2 cubes of 8 PEs; 12 give 2 cubes of 6).
+    With one given, the other is the world size divided by it.
+    """
+    if cubes is None and pes is None:
+        pes = max(p for p in range(1, min(world, grid[0] * grid[1]) + 1) if world % p == 0)
+    if cubes is None:
+        if pes < 1 or world % pes:
+            raise ValueError(f"--pes {pes} does not divide the {world} running ranks")
+        cubes = world // pes
+    if pes is None:
+        if cubes < 1 or world % cubes:
+            raise ValueError(f"--cubes {cubes} does not divide the {world} running ranks")
+        pes = world // cubes
+    return cubes, pes

@@ -1,0 +1,139 @@
+"""Where Q, K and V come from: generated from a seed, or read from .npy files.
+
+Generated inputs do not depend on the rank count: token block ``b`` of tensor ``t``
+of sequence ``i`` is always drawn from ``default_rng([seed, t, i, b])``, so a rank
+draws only the blocks that overlap its slice and the global tensors are the same
+whether 1 or 64 ranks run.
+
+Files are ``q.npy`` ``(T_q, h_q*d)`` or ``(B, T_q, h_q*d)`` and ``k.npy``, ``v.npy``
+``(S_kv, h_kv*d)`` or ``(B, S_kv, h_kv*d)``, float16 or float32. Their headers are
+checked without reading data (:func:`inspect_inputs`); K and V are memory-mapped so a
+rank reads only its own rows.
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, Tuple
+
+import numpy as np
+
+GEN_BLOCK = 4096
+"""Tokens per independently seeded block of generated K and V."""
+
+TENSORS = ("q", "k", "v")
+DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
+
+
+def generate(seed: int, tensor: str, batch: int, n_tokens: int, width: int,
+             start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Rows ``start:stop`` of a generated ``(batch, n_tokens, width)`` float32 tensor.
+
+    Values are standard normal; any ``start:stop`` window equals the same window of
+    the whole tensor.
+    """
+    stop = n_tokens if stop is None else stop
+    tid = TENSORS.index(tensor)
+    out = np.empty((batch, stop - start, width), dtype=np.float32)
+    for i in range(batch):
+        for blk in range(start // GEN_BLOCK, -(-stop // GEN_BLOCK)):
+            b0 = blk * GEN_BLOCK
+            b1 = min(b0 + GEN_BLOCK, n_tokens)
+            rng = np.random.default_rng([seed, tid, i, blk])
+            block = rng.standard_normal((b1 - b0, width), dtype=np.float32)
+            lo, hi = max(start, b0), min(stop, b1)
+            out[i, lo - start:hi - start] = block[lo - b0:hi - b0]
+    return out
+
+
+class InputError(ValueError):
+    """An input file that cannot be used; the message says which and why."""
+
+
+def _header(path: str) -> Tuple[tuple, np.dtype, bool, int]:
+    """``(shape, dtype, fortran_order, data_offset)`` of a .npy file, data unread."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: no such file")
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: not a regular file")
+    try:
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            reader = {(1, 0): np.lib.format.read_array_header_1_0,
+                      (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+            if reader is None:
+                raise InputError(f"{path}: unsupported .npy version {version}")
+            shape, fortran, dtype = reader(f, max_header_size=100_000)
+            offset = f.tell()
+    except InputError:
+        raise
+    except PermissionError:
+        raise InputError(f"{path}: permission denied") from None
+    except (ValueError, OSError, EOFError) as e:
+        raise InputError(f"{path}: not a readable .npy file ({e})") from None
+    if dtype.hasobject:
+        raise InputError(f"{path}: holds Python objects (pickled); "
+                         "only float16 or float32 arrays are accepted")
+    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = os.path.getsize(path)
+    if size < need:
+        raise InputError(f"{path}: truncated ({size} bytes, the header promises {need})")
+    return tuple(shape), dtype, fortran, offset
+
+
+def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
+    """Check ``q.npy``, ``k.npy``, ``v.npy`` in ``directory`` and return the problem.
+
+    Returns
+    -------
+    dict with ``batch``, ``batched``, ``queries``, ``seq_len``, ``heads_q``, ``heads_kv``.
+
+    Raises
+    ------
+    InputError
+        Missing, unreadable, truncated, pickled, wrongly typed or mismatched files.
+    """
+    if not os.path.isdir(directory):
+        raise InputError(f"--inputs {directory}: not a directory")
+    shapes = {}
+    for name in TENSORS:
+        path = os.path.join(directory, f"{name}.npy")
+        shape, dtype, fortran, _ = _header(path)
+        if dtype not in DTYPES:
+            raise InputError(f"{path}: dtype {dtype} (need float16 or float32)")
+        if len(shape) not in (2, 3):
+            raise InputError(f"{path}: shape {shape} (need 2-D (tokens, heads*d) "
+                             "or 3-D (batch, tokens, heads*d))")
+        if fortran and len(shape) > 1:
+            raise InputError(f"{path}: Fortran order (need C order, row-major)")
+        shapes[name] = shape
+    q, k, v = shapes["q"], shapes["k"], shapes["v"]
+    if not len(q) == len(k) == len(v):
+        raise InputError(f"q, k, v must all be 2-D or all 3-D, got shapes {q}, {k}, {v}")
+    if k != v:
+        raise InputError(f"k.npy {k} and v.npy {v} differ in shape")
+    if len(q) == 3 and q[0] != k[0]:
+        raise InputError(f"q.npy has batch {q[0]} but k.npy has batch {k[0]}")
+    for name, width in (("q", q[-1]), ("k", k[-1])):
+        if width % head_dim:
+            raise InputError(f"{name}.npy width {width} is not a multiple of "
+                             f"--head-dim {head_dim}")
+    for name, shape in shapes.items():
+        if 0 in shape:
+            raise InputError(f"{name}.npy shape {shape} is empty")
+    return dict(batch=q[0] if len(q) == 3 else 1, batched=len(q) == 3,
+                queries=q[-2], seq_len=k[-2], heads_q=q[-1] // head_dim,
+                heads_kv=k[-1] // head_dim)
+
+
+def open_rows(directory: str, name: str, start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of ``name.npy`` as a read-only memory map, ``(B, n, width)``."""
+    a = np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
+    if a.ndim == 2:
+        a = a[None]
+    return a[:, start:stop]
+
+
+def load_q(directory: str) -> np.ndarray:
+    """The whole of ``q.npy`` as float32 ``(B, T_q, h_q*d)``."""
+    q = np.load(os.path.join(directory, "q.npy"), allow_pickle=False)
+    return np.asarray(q if q.ndim == 3 else q[None], dtype=np.float32)

@@ -1,0 +1,100 @@
+"""Reduction of the partials to the root: the kernel's schedule, and its execution.
+
+A schedule is this rank's list of :class:`Step` s, run in order: ``recv`` from a
+neighbour and merge into the running partial, or ``send`` the running partial on.
+The kernel's chain (SPEC.md, "The chain reduction to the root")::
+
+    1. row chain      recv intra_E (if any), merge; send intra_W if col > 0
+    2. column bridge  at col 0: recv intra_S (if any), merge; send intra_N if row > 0
+    3. inter-cube     at PE 0: recv E (if any), merge; send W if cube > 0
+
+For 2 cubes of 2x4 PEs the partial of rank 15 reaches rank 0 in 5 hops::
+
+    cube 0: 0 <- 1 <- 2 <- 3      cube 1: 8  <- 9  <- 10 <- 11
+            ^                             ^
+            4 <- 5 <- 6 <- 7              12 <- 13 <- 14 <- 15
+    0 <-E- 8
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, NamedTuple, Optional
+
+from mpi4py import MPI
+
+from .attention import Partial, merge
+from . import wire as wires
+
+
+class Step(NamedTuple):
+    """One point-to-point action: ``op`` is 'recv' or 'send', ``dir`` a direction name."""
+
+    op: str
+    dir: str
+    peer: int
+
+
+def chain_schedule(neighbours: Dict[str, int], cube: int, pe: int, row: int,
+                   col: int) -> List[Step]:
+    """This rank's steps of the kernel's two-level chain (see the module docstring)."""
+    none = MPI.PROC_NULL
+    steps: List[Step] = []
+    if neighbours["intra_E"] != none:
+        steps.append(Step("recv", "intra_E", neighbours["intra_E"]))
+    if col > 0:
+        steps.append(Step("send", "intra_W", neighbours["intra_W"]))
+        return steps
+    if neighbours["intra_S"] != none:
+        steps.append(Step("recv", "intra_S", neighbours["intra_S"]))
+    if row > 0:
+        steps.append(Step("send", "intra_N", neighbours["intra_N"]))
+        return steps
+    if pe == 0:
+        if neighbours["E"] != none:
+            steps.append(Step("recv", "E", neighbours["E"]))
+        if cube > 0:
+            steps.append(Step("send", "W", neighbours["W"]))
+    return steps
+
+
+class Traffic:
+    """Counts of what this rank sent, and what the wire lost on the way."""
+
+    def __init__(self):
+        self.messages = 0
+        self.bytes = 0
+        self.loss = wires.Loss()
+
+
+MessageHook = Callable[[str, str, int, str, int, float, float], None]
+"""``hook(op, dir, peer, tensor, nbytes, t_start, t_end)``, called per message."""
+
+
+def run_schedule(comm: MPI.Comm, partial: Partial, steps: List[Step], wire: str,
+                 traffic: Traffic, on_message: Optional[MessageHook] = None) -> Partial:
+    """Run ``steps`` on ``partial``; return the merged partial (the total at the root).
+
+    Tensor data travels with the buffer methods ``Send``/``Recv``, never pickled.
+    """
+    for step in steps:
+        if step.op == "recv":
+            bufs = wires.receive_buffers(partial, wire)
+            for name, buf in bufs:
+                t0 = time.perf_counter()
+                comm.Recv(buf, source=step.peer, tag=wires.TAGS[name])
+                if on_message:
+                    on_message("recv", step.dir, step.peer, name, buf.nbytes, t0,
+                               time.perf_counter())
+            partial = merge(partial, wires.decode(bufs, partial))
+        else:
+            bufs, loss = wires.encode(partial, wire)
+            traffic.loss = traffic.loss + loss
+            for name, buf in bufs:
+                t0 = time.perf_counter()
+                comm.Send(buf, dest=step.peer, tag=wires.TAGS[name])
+                traffic.messages += 1
+                traffic.bytes += buf.nbytes
+                if on_message:
+                    on_message("send", step.dir, step.peer, name, buf.nbytes, t0,
+                               time.perf_counter())
+    return partial

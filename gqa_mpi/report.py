@@ -1,0 +1,145 @@
+"""The root's account of a run: the check, the statistics, the text and JSON report.
+
+No MPI here: the driver gathers, this module only summarises and writes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Callable, Dict, List, Optional
+
+import numpy as np
+
+TOLERANCE = {"fp32": 1e-4, "packed": 1e-4, "kernel": 1e-2}
+"""Largest accepted ``max_rel_err`` per wire. float32 accumulation over many tiles
+stays far below 1e-4; the kernel's float16 wire rounds m, l and O to 11 bits, and
+an error of ``2**-11 * |m|`` in m scales a whole partial, hence 1e-2."""
+
+
+def compare(out: np.ndarray, ref: np.ndarray, tolerance: float) -> Dict:
+    """Errors of ``out`` against the float64 ``ref``.
+
+    ``max_rel_err`` is normwise: the largest absolute error over the largest
+    ``|ref|`` (elementwise ratios blow up where the output crosses zero).
+    """
+    out64 = np.asarray(out, dtype=np.float64)
+    finite = bool(np.isfinite(out64).all())
+    err = np.abs(out64 - ref)
+    max_abs = float(err.max(initial=0.0)) if finite else float("inf")
+    scale = float(np.abs(ref).max(initial=0.0))
+    max_rel = max_abs / scale if scale > 0 else max_abs
+    return dict(max_abs_err=max_abs, max_rel_err=max_rel, tolerance=tolerance,
+                finite=finite, passed=bool(finite and max_rel <= tolerance))
+
+
+def spread(values: List[float]) -> Dict[str, float]:
+    """min / median / max of per-rank values."""
+    a = np.asarray(values, dtype=np.float64)
+    return dict(min=float(a.min()), median=float(np.median(a)), max=float(a.max()))
+
+
+def atomic_write(path: str, write: Callable[[object], None], mode: str = "wb") -> None:
+    """Write ``path`` through a temporary file in the same directory, then rename.
+
+    A reader sees the old file or the complete new one, never a partial one.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+                               suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode) as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def write_json(path: str, record: Dict) -> None:
+    atomic_write(path, lambda f: json.dump(record, f, indent=2, allow_nan=True), mode="w")
+
+
+def write_npy(path: str, array: np.ndarray) -> None:
+    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+def _fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def format_report(record: Dict) -> str:
+    """The few lines rank 0 prints."""
+    c = record["config"]
+    t = record["topology"]
+    scale = "1/sqrt(d)" if c["softmax_scale"] is None else f"{c['scale']:g}"
+    source = (f"generated (seed {c['seed']})" if c["inputs"] is None
+              else f"from {c['inputs']}")
+    lines = [
+        f"problem   B={c['batch']} T_q={c['queries']} S_kv={c['seq_len']} "
+        f"h_q={c['heads_q']} h_kv={c['heads_kv']} (G={c['group']}) d={c['head_dim']} "
+        f"scale={scale} causal={'yes' if c['causal'] else 'no'}; inputs {source}",
+        f"topology  C={t['cubes']} cubes x P={t['pes']} PEs = {t['ranks']} ranks; "
+        f"PE grid {c['grid']} ({t['rows_used']} row(s) x {t['cols_used']} col(s) used); "
+        f"chain depth {t['chain_depth']} hops",
+        f"split     {record['tokens_per_rank']['min']}..{record['tokens_per_rank']['max']}"
+        f" tokens per rank, tile {c['tile']}; wire {c['wire']}",
+    ]
+    chk = record["check"]
+    if chk is None:
+        lines.append("check     skipped (--no-check)")
+    else:
+        verdict = "PASSED" if chk["passed"] else "FAILED"
+        lines.append(f"check     max_abs_err={chk['max_abs_err']:.3g} "
+                     f"max_rel_err={chk['max_rel_err']:.3g} (tolerance "
+                     f"{chk['tolerance']:g}) vs float64 reference: {verdict}")
+    loss = record["wire_loss"]
+    if loss["overflow"]:
+        lines.append(f"WARNING   float16 wire overflowed: {loss['overflow']} element(s) "
+                     f"of m/l/O became inf on the way to the root; the output is invalid")
+    elif c["wire"] == "kernel":
+        lines.append(f"wire      float16: no overflow; m rounded by up to "
+                     f"{loss['m_rounding']:.3g}")
+    tm = record["timings"]
+    lines.append("time      max over ranks: " + ", ".join(
+        f"{name} {tm[name]['max'] * 1e3:.1f} ms" for name in tm))
+    msg = record["messages"]
+    mem = record["memory"]["peak_rss_mib"]
+    lines.append(f"traffic   {msg['count']} messages, {_fmt_bytes(msg['bytes'])}; "
+                 f"peak memory per rank {mem['max']:.0f} MiB (max)")
+    if record.get("output"):
+        lines.append(f"output    {record['output']}")
+    return "\n".join(lines)
+
+
+def build_record(config: Dict, topology: Dict, check: Optional[Dict], per_rank: List[Dict],
+                 output: Optional[str]) -> Dict:
+    """The run record (also the JSON file) from what every rank reported."""
+    phases = [p for p in ("inputs", "local_attention", "reduce", "finalize", "total")
+              if any(p in r["timings"] for r in per_rank)]
+    loss_overflow = sum(r["overflow"] for r in per_rank)
+    return dict(
+        config=config,
+        topology=topology,
+        check=check,
+        timings={p: spread([r["timings"].get(p, 0.0) for r in per_rank]) for p in phases},
+        messages=dict(count=sum(r["messages"] for r in per_rank),
+                      bytes=sum(r["bytes"] for r in per_rank)),
+        wire_loss=dict(overflow=loss_overflow,
+                       m_rounding=max(r["m_rounding"] for r in per_rank)),
+        memory=dict(peak_rss_mib=spread([r["peak_rss_mib"] for r in per_rank]),
+                    per_rank_mib=[round(r["peak_rss_mib"], 1) for r in per_rank]),
+        tokens_per_rank=dict(min=min(r["tokens"] for r in per_rank),
+                             max=max(r["tokens"] for r in per_rank)),
+        per_rank_timings=[r["timings"] for r in per_rank],
+        output=output,
+    )
