@@ -67,11 +67,11 @@ class Config:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
         rows, cols = self.grid
-        positive("grid rows", rows)
-        positive("grid cols", cols)
+        positive("--grid rows", rows)
+        positive("--grid columns", cols)
         for name in ("cubes", "pes", "seq_len", "heads_q", "heads_kv", "head_dim",
                      "queries", "batch", "tile"):
-            positive(name.replace("_", "-"), getattr(self, name))
+            positive("--" + name.replace("_", "-"), getattr(self, name))
         if self.pes > rows * cols:
             raise ValueError(f"--pes {self.pes} does not fit the {rows}x{cols} PE grid "
                              f"(P must be 1..{rows * cols}; use --grid to change it)")

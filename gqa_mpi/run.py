@@ -68,6 +68,9 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
         if cfg.json:
             report.write_json(cfg.json, record)
         if not quiet:
+            if comm.size == 1:
+                print("note      one MPI rank, so C = P = 1; for 2 cubes x 8 PEs run "
+                      "`mpirun -n 16 python -m gqa_mpi`")
             print(report.format_report(record), flush=True)
         failed = (check is not None and not check["passed"]) or record["wire_loss"]["overflow"]
         code = 1 if failed else 0

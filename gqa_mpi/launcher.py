@@ -1,0 +1,51 @@
+"""Build ``mpirun`` command lines for the MPI found beside this Python.
+
+Used by the tests (and studies) to launch real multi-rank runs in a subprocess.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+import sys
+from typing import List, Sequence
+
+
+@functools.lru_cache(maxsize=None)
+def mpirun() -> str:
+    """The launcher: ``$GQA_MPI_MPIRUN``, else ``mpirun`` beside this Python, else on PATH."""
+    explicit = os.environ.get("GQA_MPI_MPIRUN")
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if not found:
+        raise FileNotFoundError("no mpirun found: pip install mpich, or load your "
+                                "site's MPI, or set GQA_MPI_MPIRUN")
+    return found
+
+
+@functools.lru_cache(maxsize=None)
+def is_open_mpi() -> bool:
+    try:
+        out = subprocess.run([mpirun(), "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out
+
+
+def mpirun_command(n: int, args: Sequence[str]) -> List[str]:
+    """``mpirun -n N <args>``, oversubscribing if the MPI needs to be told (Open MPI)."""
+    cmd = [mpirun(), "-n", str(n)]
+    if is_open_mpi():
+        cmd.append("--oversubscribe")
+    return cmd + list(args)
+
+
+def gqa_command(n: int, args: Sequence[str]) -> List[str]:
+    """``mpirun -n N python -m gqa_mpi <args>`` with this Python."""
+    return mpirun_command(n, [sys.executable, "-m", "gqa_mpi", *args])

@@ -1,0 +1,131 @@
+"""Real launches of ``mpirun -n N python -m gqa_mpi`` checked from outside.
+
+The inputs are written by the test and the expected output is the test's own float64
+reference, so nothing here trusts the code under test.
+"""
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from gqa_mpi.reference import attention_reference
+
+from util import launch, random_inputs, read_json, write_inputs
+
+
+def test_default_run_reports_and_passes(tmp_path):
+    out = tmp_path / "run.json"
+    proc = launch(16, ["--seq-len", 20000, "--json", out])
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert any("C=2 cubes x P=8 PEs = 16 ranks" in s and "chain depth 5" in s for s in lines)
+    assert any("PASSED" in s for s in lines)
+    rec = read_json(out)
+    assert rec["check"]["passed"] and rec["check"]["max_rel_err"] < 1e-5
+    for phase in ("local_attention", "reduce", "total"):
+        assert set(rec["timings"][phase]) == {"min", "median", "max"}
+    assert rec["messages"]["count"] == 3 * 15
+    assert len(rec["memory"]["per_rank_mib"]) == 16
+    assert rec["config"]["cubes"] == 2 and rec["config"]["pes"] == 8
+
+
+@pytest.mark.parametrize("C,P", [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4)])
+def test_file_inputs_against_reference(tmp_path, C, P):
+    rng = np.random.default_rng(C * 10 + P)
+    S = 53 * C * P + 7                      # not a multiple of the rank count
+    q, k, v = random_inputs(rng, S=S, h_q=8, h_kv=2, d=16, T_q=3, B=2,
+                            dtype=np.float16 if P % 2 else np.float32)
+    d = write_inputs(tmp_path / "in", q, k, v)
+    o = tmp_path / "o.npy"
+    proc = launch(C * P, ["--cubes", C, "--pes", P, "--inputs", d, "--head-dim", 16,
+                          "--tile", 32, "--causal", "--output", o])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = np.load(o)
+    assert got.shape == q.shape and got.dtype == np.float32
+    ref = attention_reference(q, k, v, h_kv=2, causal=True)
+    np.testing.assert_allclose(got, ref, atol=2e-6 * np.abs(ref).max())
+
+
+def test_fewer_tokens_than_ranks(tmp_path):
+    rng = np.random.default_rng(5)
+    q, k, v = random_inputs(rng, S=7, h_q=4, h_kv=1, d=8)
+    d = write_inputs(tmp_path / "in", q, k, v)
+    o = tmp_path / "o.npy"
+    proc = launch(16, ["--inputs", d, "--head-dim", 8, "--output", o])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0..1 tokens per rank" in proc.stdout
+    np.testing.assert_allclose(np.load(o), attention_reference(q, k, v, h_kv=1), atol=1e-6)
+
+
+def test_same_seed_same_output_at_any_rank_count(tmp_path):
+    args = ["--seq-len", 3001, "--heads-q", 8, "--heads-kv", 4, "--head-dim", 32,
+            "--queries", 2, "--seed", 11, "--tile", 128]
+    outs = []
+    for n in (1, 5, 16):
+        o = tmp_path / f"o{n}.npy"
+        proc = launch(n, args + ["--output", o])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        outs.append(np.load(o))
+    for other in outs[1:]:
+        np.testing.assert_allclose(other, outs[0], rtol=0, atol=1e-6)
+
+
+BAD_ARGS = [
+    (["--cubes", 3], "does not divide"),
+    (["--cubes", 2, "--pes", 3], "but 4 are running"),
+    (["--pes", 4, "--grid", "1x2"], "does not fit the 1x2"),
+    (["--heads-q", 30], "not a multiple of --heads-kv"),
+    (["--seq-len", 0], "--seq-len must be a positive"),
+    (["--tile", "x"], "invalid int value"),
+    (["--grid", "2by4"], "ROWSxCOLS"),
+    (["--wire", "fp8"], "invalid choice"),
+    (["--no-such-flag"], "unrecognized arguments"),
+    (["--inputs", "/nonexistent"], "not a directory"),
+    (["--output", "/nonexistent/o.npy"], "does not exist"),
+    (["--json", "/"], "is a directory"),
+]
+
+
+@pytest.mark.parametrize("args,words", BAD_ARGS, ids=[" ".join(map(str, a)) for a, _ in BAD_ARGS])
+def test_bad_input_exits_2_with_one_line(args, words):
+    t0 = time.monotonic()
+    proc = launch(4, args, timeout=60)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert time.monotonic() - t0 < 30
+    err = [s for s in proc.stderr.splitlines() if s.strip()]
+    assert len(err) == 1 and err[0].startswith("gqa_mpi: error:") and words in err[0], err
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_mismatched_flag_and_file(tmp_path):
+    q, k, v = random_inputs(np.random.default_rng(0), S=10, h_q=4, h_kv=2, d=8)
+    d = write_inputs(tmp_path / "in", q, k, v)
+    proc = launch(2, ["--inputs", d, "--head-dim", 8, "--seq-len", 11], timeout=60)
+    assert proc.returncode == 2
+    assert "--seq-len 11 does not match the inputs, which have seq-len 10" in proc.stderr
+
+
+def test_without_mpirun_runs_one_rank_and_says_so():
+    proc = subprocess.run([sys.executable, "-m", "gqa_mpi", "--seq-len", "2000"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "one MPI rank, so C = P = 1" in proc.stdout
+    assert "C=1 cubes x P=1 PEs = 1 ranks" in proc.stdout
+
+
+def test_help_printed_once():
+    proc = launch(4, ["--help"], timeout=60)
+    assert proc.returncode == 0
+    assert proc.stdout.count("usage:") == 1 and "intra_W" in proc.stdout
+
+
+def test_output_replaces_old_file_whole(tmp_path):
+    o = tmp_path / "o.npy"
+    o.write_bytes(b"old")
+    proc = launch(2, ["--seq-len", 100, "--output", o])
+    assert proc.returncode == 0
+    assert np.load(o).shape == (1, 32 * 128)
+    assert os.listdir(tmp_path) == ["o.npy"]          # no temporary file left behind

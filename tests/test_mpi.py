@@ -1,0 +1,123 @@
+"""Tests that run inside ``mpirun -n 16 python -m pytest --with-mpi -m mpi``.
+
+``test_mpi_suite.py`` launches them from a plain ``python -m pytest``. Each test cuts
+sub-communicators of the sizes it needs out of the 16 ranks, so many topologies are
+checked in one launch; ranks outside a sub-communicator sit the case out.
+"""
+import numpy as np
+import pytest
+
+mpi4py = pytest.importorskip("mpi4py")
+from mpi4py import MPI  # noqa: E402
+
+from gqa_mpi import inputs  # noqa: E402
+from gqa_mpi.config import Config  # noqa: E402
+from gqa_mpi.driver import decode_step  # noqa: E402
+from gqa_mpi.reduce import chain_schedule  # noqa: E402
+from gqa_mpi.reference import attention_reference  # noqa: E402
+from gqa_mpi.topology import DIRECTIONS, Topology  # noqa: E402
+
+pytestmark = pytest.mark.mpi(min_size=16)
+
+TOPOLOGIES = [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4), (2, 7), (1, 5), (16, 1)]
+
+
+def sub_world(n):
+    """The first ``n`` world ranks as a communicator (MPI.COMM_NULL elsewhere)."""
+    world = MPI.COMM_WORLD
+    return world.Split(0 if world.rank < n else MPI.UNDEFINED, world.rank)
+
+
+@pytest.mark.parametrize("C,rows,cols", [(1, 1, 1), (2, 2, 4), (4, 1, 4), (1, 4, 4),
+                                         (3, 1, 5), (2, 4, 2), (16, 1, 1), (1, 2, 3)])
+def test_neighbours_match_full_cartesian_grid(C, rows, cols):
+    """A full PE grid is a (C, rows, cols) Cartesian topology: compare with Shift."""
+    comm = sub_world(C * rows * cols)
+    if comm == MPI.COMM_NULL:
+        return
+    topo = Topology(comm, C, rows * cols, cols)
+    cart = comm.Create_cart([C, rows, cols], reorder=False)
+    want = {}
+    for dim, (minus, plus) in zip(range(3), [("W", "E"), ("intra_N", "intra_S"),
+                                             ("intra_W", "intra_E")]):
+        want[minus], want[plus] = cart.Shift(dim, 1)
+    assert topo.neighbours == want
+    cube, row, col = cart.Get_coords(cart.rank)
+    assert (topo.cube, topo.row, topo.col) == (cube, row, col)
+    assert cart.Get_cart_rank([cube, row, col]) == comm.rank == cube * rows * cols + topo.pe
+    for c in (topo, ):
+        c.free()
+    cart.Free()
+    comm.Free()
+
+
+@pytest.mark.parametrize("C,P", TOPOLOGIES)
+def test_neighbours_short_rows(C, P):
+    """Any P on a 2x4 grid, short last row included: neighbours from the SPEC's rules."""
+    comm = sub_world(C * P)
+    if comm == MPI.COMM_NULL:
+        return
+    topo = Topology(comm, C, P, 4)
+    cube, pe = divmod(comm.rank, P)
+    row, col = divmod(pe, 4)
+    cart = topo.comm
+
+    def rank_of(c, p, ok):
+        return cart.Get_cart_rank([c, p]) if ok else MPI.PROC_NULL
+
+    want = dict(intra_E=rank_of(cube, pe + 1, col < 3 and pe + 1 < P),
+                intra_W=rank_of(cube, pe - 1, col > 0),
+                intra_S=rank_of(cube, pe + 4, pe + 4 < P),
+                intra_N=rank_of(cube, pe - 4, row > 0),
+                E=rank_of(cube + 1, pe, cube + 1 < C), W=rank_of(cube - 1, pe, cube > 0))
+    assert topo.neighbours == want
+    assert set(topo.neighbours) == set(DIRECTIONS)
+    # every send has a matching recv: the chain is a tree rooted at rank 0
+    steps = chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
+    sends = [(comm.rank, s.peer) for s in steps if s.op == "send"]
+    recvs = [(s.peer, comm.rank) for s in steps if s.op == "recv"]
+    all_sends = sorted(sum(comm.allgather(sends), []))
+    all_recvs = sorted(sum(comm.allgather(recvs), []))
+    assert all_sends == all_recvs
+    assert len(all_sends) == C * P - 1
+    assert (len(sends) == 0) == (comm.rank == 0)
+    topo.free()
+    comm.Free()
+
+
+@pytest.mark.parametrize("C,P", TOPOLOGIES)
+@pytest.mark.parametrize("wire", ["fp32", "kernel", "packed"])
+def test_decode_step_against_reference(C, P, wire):
+    """The whole step on C*P ranks, S_kv not a multiple of the rank count."""
+    comm = sub_world(C * P)
+    if comm == MPI.COMM_NULL:
+        return
+    S = 37 * C * P + 5
+    cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=S, heads_q=8, heads_kv=2,
+                 head_dim=16, queries=2, tile=16, causal=True, seed=C * 100 + P, wire=wire)
+    topo = Topology(comm, C, P, 4)
+    result = decode_step(cfg, topo)
+    if comm.rank == 0:
+        q, k, v = (inputs.generate(cfg.seed, n, 1, size, width) for n, size, width in
+                   (("q", 2, 128), ("k", S, 32), ("v", S, 32)))
+        ref = attention_reference(q[0], k[0], v[0], h_kv=2, causal=True)
+        tol = 2e-3 if wire == "kernel" else 2e-6
+        np.testing.assert_allclose(result.output, ref, atol=tol * np.abs(ref).max())
+    per_hop = 1 if wire == "packed" else 3
+    assert comm.allreduce(result.traffic.messages) == per_hop * (C * P - 1)
+    topo.free()
+    comm.Free()
+
+
+def test_fewer_tokens_than_ranks():
+    comm = MPI.COMM_WORLD
+    cfg = Config(cubes=2, pes=8, world_size=16, seq_len=5, heads_q=4, heads_kv=4,
+                 head_dim=8, seed=3)
+    topo = Topology(comm, 2, 8, 4)
+    result = decode_step(cfg, topo)
+    assert comm.allreduce(result.stop - result.start) == 5
+    if comm.rank == 0:
+        q, k, v = (inputs.generate(3, n, 1, size, 32) for n, size in (("q", 1), ("k", 5), ("v", 5)))
+        ref = attention_reference(q[0], k[0], v[0], h_kv=4)
+        np.testing.assert_allclose(result.output, ref, atol=1e-6)
+    topo.free()
