@@ -13,7 +13,8 @@ Row ``r`` of KV head ``h`` is query head ``h * G + r // T_q`` at query position
 """
 from __future__ import annotations
 
-from typing import NamedTuple
+import time
+from typing import Callable, NamedTuple, Optional
 
 import numpy as np
 
@@ -104,7 +105,9 @@ def resident(rows: np.ndarray, h_kv: int, d: int) -> np.ndarray:
 
 def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
                     scale: float, tile: int = 1024, start: int = 0,
-                    causal_limit: np.ndarray | None = None) -> Partial:
+                    causal_limit: np.ndarray | None = None,
+                    on_tile: Optional[Callable[[int, int, int, float, float], None]] = None
+                    ) -> Partial:
     """Sweep one rank's slice in tiles of ``tile`` tokens with an online softmax.
 
     Parameters
@@ -122,6 +125,8 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
         Global index of the slice's first token (for the causal mask).
     causal_limit : (R,) int array, optional
         Row ``r`` sees global keys ``<= causal_limit[r]``; None for no mask.
+    on_tile : callable, optional
+        ``on_tile(index, s0, s1, t_start, t_end)`` after each tile (for tracing).
 
     Returns
     -------
@@ -133,6 +138,7 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     qs = (q * np.float32(scale)).astype(np.float32, copy=False)
     m, l, O = empty_partial(B, h_kv, R, d)
     for s0 in range(0, S_local, tile):
+        t0 = time.perf_counter() if on_tile else 0.0
         s1 = min(s0 + tile, S_local)
         scores = np.matmul(qs, k[:, :, s0:s1].swapaxes(-1, -2))  # (B, h_kv, R, t)
         if causal_limit is not None and start + s1 - 1 > causal_limit.min():
@@ -146,6 +152,8 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
         l = l * alpha + scores.sum(axis=-1)
         O = O * alpha[..., None] + np.matmul(scores, v[:, :, s0:s1])
         m = m_new
+        if on_tile:
+            on_tile(s0 // tile, start + s0, start + s1, t0, time.perf_counter())
     return Partial(m, l, O)
 
 

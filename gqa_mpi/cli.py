@@ -41,6 +41,8 @@ examples:
   mpirun -n 12 python -m gqa_mpi --cubes 2 --pes 6    short last PE row (2x4 grid)
   mpirun -n 8 python -m gqa_mpi --seq-len 100000 --queries 4 --causal
   mpirun -n 4 python -m gqa_mpi --inputs DIR --output o.npy --json run.json
+  mpirun -n 16 python -m gqa_mpi --trace t.json       timeline for ui.perfetto.dev
+  mpirun -n 16 python -m gqa_mpi --kernel-faithful    the kernel's own arithmetic
   python -m gqa_mpi                                    one rank (C = P = 1)
 
 --inputs DIR reads q.npy (T_q, h_q*d) and k.npy, v.npy (S_kv, h_kv*d), or 3-D with
@@ -107,16 +109,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="score multiplier (default 1/sqrt(head-dim))")
     a.add_argument("--causal", action="store_true",
                    help="query t sees keys 0 .. S_kv - T_q + t")
-    a.add_argument("--wire", choices=WIRES, default="fp32",
+    a.add_argument("--wire", choices=WIRES,
                    help="what a hop carries: fp32 = m, l, O as three float32 messages "
                         "(default); kernel = the same in float16, as the kernel does "
-                        "(overflow is detected and reported); packed = one float32 message")
+                        "(overflow is detected and reported); packed = one float32 "
+                        "message per hop")
+    a.add_argument("--kernel-faithful", action="store_true",
+                   help="reproduce the kernel's arithmetic instead of exact attention: "
+                        "no softmax scale, tail tokens dropped, K and Q read by its "
+                        "reshapes, float16 operands and wire (SPEC defects 2-5); the "
+                        "report says how far that lands from exact attention")
     o = p.add_argument_group("output")
     o.add_argument("--output", metavar="FILE.npy",
                    help="root writes O here (layout of Q, float32), atomically")
     o.add_argument("--json", metavar="FILE",
                    help="root writes the run record here: config, check, per-phase "
                         "timings (min/median/max over ranks), traffic, memory")
+    o.add_argument("--trace", metavar="FILE.json",
+                   help="root writes a Chrome trace-event timeline (open it in "
+                        "https://ui.perfetto.dev): phases, chain steps and every message")
+    o.add_argument("--trace-tiles", action="store_true",
+                   help="with --trace: one event per tile of the local sweep too")
     o.add_argument("--check", action=argparse.BooleanOptionalAction, default=True,
                    help="check O against a float64 reference on the root; the root "
                         "then holds all of K and V (default: --check)")
@@ -149,7 +162,8 @@ def _root_checks(args) -> tuple:
             problem = inspect_inputs(args.inputs, args.head_dim)
     except InputError as e:
         return None, str(e)
-    for flag, path in (("--output", args.output), ("--json", args.json)):
+    for flag, path in (("--output", args.output), ("--json", args.json),
+                       ("--trace", args.trace)):
         if path is not None:
             why = _writable(path, flag)
             if why:
@@ -180,8 +194,10 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
         cfg = Config(cubes=cubes, pes=pes, world_size=comm.size, grid=args.grid,
                      head_dim=args.head_dim, tile=args.tile,
                      softmax_scale=args.softmax_scale, causal=args.causal, seed=args.seed,
-                     inputs=args.inputs, wire=args.wire, output=args.output,
-                     json=args.json, check=args.check, **fields)
+                     inputs=args.inputs, output=args.output, json=args.json,
+                     check=args.check, kernel_faithful=args.kernel_faithful,
+                     wire=args.wire or ("kernel" if args.kernel_faithful else "fp32"),
+                     trace=args.trace, trace_tiles=args.trace_tiles, **fields)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return cfg, args

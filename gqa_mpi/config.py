@@ -60,6 +60,12 @@ class Config:
     """Where the root writes the run record (JSON); None to skip."""
     check: bool = True
     """Check O on the root against a float64 reference."""
+    kernel_faithful: bool = False
+    """Reproduce the kernel's arithmetic and layout (SPEC defects 2-5), not exact attention."""
+    trace: Optional[str] = None
+    """Where the root writes a Chrome trace-event timeline; None to skip."""
+    trace_tiles: bool = False
+    """Put one trace event per tile of the local sweep in the timeline."""
 
     def __post_init__(self):
         def positive(name, value):
@@ -90,6 +96,35 @@ class Config:
                              f"got {self.softmax_scale!r}")
         if self.wire not in WIRES:
             raise ValueError(f"--wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
+        if self.kernel_faithful:
+            self._check_faithful()
+
+    def _check_faithful(self):
+        """Refuse what the kernel itself cannot run, rather than hang or misbehave."""
+        rows, cols = self.grid
+        flag = "--kernel-faithful"
+        if cols != 4:
+            raise ValueError(f"{flag}: the kernel's PE grid has 4 columns, not {cols} "
+                             f"(--grid {rows}x{cols})")
+        if self.rows_used > 1 and self.pes % cols:
+            last = self.pes - 1
+            raise ValueError(
+                f"{flag}: P={self.pes} leaves the last PE row short ({self.pes % cols} of "
+                f"{cols}); the kernel gives every row the same length, so PE {last} "
+                f"would wait forever for an intra_E neighbour that does not exist "
+                f"(SPEC defect 1). Use P = 1..4 or 8, or drop {flag}")
+        if self.seq_len < self.n_ranks:
+            raise ValueError(
+                f"{flag}: S_kv={self.seq_len} < C*P={self.n_ranks} leaves every rank an "
+                f"empty slice, and the kernel computes tile 0 unconditionally "
+                f"(SPEC defect 6); drop {flag} or use fewer ranks")
+        if self.batch > 1:
+            raise ValueError(f"{flag}: the kernel has no batch axis (batch {self.batch})")
+        if self.causal:
+            raise ValueError(f"{flag}: the kernel has no causal mask; drop --causal")
+        if self.softmax_scale is not None:
+            raise ValueError(f"{flag}: the kernel applies no softmax scale "
+                             f"(it uses plain tl.dot); drop --softmax-scale")
 
     # ---- derived values ----
     @property
@@ -103,6 +138,8 @@ class Config:
 
     @property
     def scale(self) -> float:
+        if self.kernel_faithful:
+            return 1.0
         if self.softmax_scale is not None:
             return self.softmax_scale
         return 1.0 / math.sqrt(self.head_dim)
@@ -117,8 +154,14 @@ class Config:
 
     @property
     def chain_depth(self) -> int:
-        """Hops on the critical path: ``(cols-1) + (rows-1) + (C-1)``."""
-        return (self.cols_used - 1) + (self.rows_used - 1) + (self.cubes - 1)
+        """Hops on the critical path of the chain.
+
+        PE ``(row, col)`` is ``col + row`` hops from PE 0, and cube ``c`` is ``c`` more,
+        so a full grid gives ``(cols-1) + (rows-1) + (C-1)`` (5 for 2 cubes of 2x4).
+        With a short last row the farthest PE may be the end of the row above it.
+        """
+        cols = self.grid[1]
+        return max(sum(divmod(pe, cols)) for pe in range(self.pes)) + self.cubes - 1
 
     def as_dict(self) -> dict:
         d = asdict(self)

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import resource
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -20,8 +19,10 @@ from . import inputs
 from .attention import (causal_limits, finalize, fold_queries, local_attention,
                         resident, unfold_output)
 from .config import Config
+from .faithful import kernel_operands, kernel_output
 from .reduce import Traffic, chain_schedule, run_schedule
 from .topology import Topology
+from .trace import Recorder
 
 
 def token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
@@ -35,6 +36,12 @@ def token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
     return start, start + base + (rank < extra)
 
 
+def kernel_token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
+    """The kernel's split: ``S_local = S_kv // n_ranks`` each, the tail dropped (defect 2)."""
+    S_local = S_kv // n_ranks
+    return rank * S_local, (rank + 1) * S_local
+
+
 @dataclass
 class StepResult:
     """What one rank knows after the step."""
@@ -43,20 +50,9 @@ class StepResult:
     """O in the layout of Q, float32; the root only."""
     start: int
     stop: int
-    timings: Dict[str, float] = field(default_factory=dict)
+    recorder: Recorder
     traffic: Traffic = field(default_factory=Traffic)
     peak_rss_mib: float = 0.0
-
-
-class _Clock:
-    def __init__(self):
-        self.timings: Dict[str, float] = {}
-
-    @contextmanager
-    def __call__(self, phase: str):
-        t0 = time.perf_counter()
-        yield
-        self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - t0
 
 
 def load_slice(cfg: Config, start: int, stop: int):
@@ -72,38 +68,50 @@ def load_slice(cfg: Config, start: int, stop: int):
     return q, k, v
 
 
+def operands(cfg: Config, q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray):
+    """Q folded by KV head and the resident K, V slice, as the sweep reads them."""
+    if cfg.kernel_faithful:
+        return kernel_operands(q, k_rows, v_rows, group=cfg.group, d=cfg.head_dim,
+                               tile=cfg.tile)
+    return (fold_queries(q, cfg.heads_kv, cfg.head_dim),
+            resident(k_rows, cfg.heads_kv, cfg.head_dim),
+            resident(v_rows, cfg.heads_kv, cfg.head_dim))
+
+
 def decode_step(cfg: Config, topo: Topology) -> StepResult:
     """Run one decode step on this rank; the root's result holds the output."""
     comm = topo.comm
-    start, stop = token_range(cfg.seq_len, cfg.n_ranks, topo.rank)
-    result = StepResult(None, start, stop)
-    clock = _Clock()
-    comm.Barrier()  # a common origin for every rank's clock
-    t_begin = time.perf_counter()
+    split = kernel_token_range if cfg.kernel_faithful else token_range
+    start, stop = split(cfg.seq_len, cfg.n_ranks, topo.rank)
+    rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
+    result = StepResult(None, start, stop, rec)
+    comm.Barrier()
+    rec.start()  # a common origin for every rank's clock
 
-    with clock("inputs"):
-        q, k_rows, v_rows = load_slice(cfg, start, stop)
-        q = fold_queries(q, cfg.heads_kv, cfg.head_dim)
-        k = resident(k_rows, cfg.heads_kv, cfg.head_dim)
-        v = resident(v_rows, cfg.heads_kv, cfg.head_dim)
+    with rec.phase("inputs", tokens=[start, stop]):
+        q_in, k_rows, v_rows = load_slice(cfg, start, stop)
+        q, k, v = operands(cfg, q_in, k_rows, v_rows)
         del k_rows, v_rows
 
-    with clock("local_attention"):
+    with rec.phase("local_attention", tile=cfg.tile):
         limit = (causal_limits(cfg.seq_len, cfg.queries, cfg.group)
                  if cfg.causal else None)
-        partial = local_attention(q, k, v, scale=cfg.scale, tile=cfg.tile,
-                                  start=start, causal_limit=limit)
+        partial = local_attention(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
+                                  causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
 
-    with clock("reduce"):
+    with rec.phase("reduce", wire=cfg.wire):
         steps = chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
-        partial = run_schedule(comm, partial, steps, cfg.wire, result.traffic)
+        partial = run_schedule(comm, partial, steps, cfg.wire, result.traffic, rec)
 
     if topo.is_root:
-        with clock("finalize"):
-            out = unfold_output(finalize(partial), cfg.queries)
+        with rec.phase("finalize"):
+            out = finalize(partial)
+            if cfg.kernel_faithful:
+                out = kernel_output(out, q_in.shape)
+            else:
+                out = unfold_output(out, cfg.queries)
             result.output = out if cfg.batched else out[0]
 
-    clock.timings["total"] = time.perf_counter() - t_begin
-    result.timings = clock.timings
+    rec.timings["total"] = time.perf_counter() - rec.origin
     result.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return result

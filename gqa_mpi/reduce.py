@@ -18,12 +18,13 @@ For 2 cubes of 2x4 PEs the partial of rank 15 reaches rank 0 in 5 hops::
 from __future__ import annotations
 
 import time
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 from mpi4py import MPI
 
 from .attention import Partial, merge
 from . import wire as wires
+from .trace import Recorder
 
 
 class Step(NamedTuple):
@@ -66,35 +67,32 @@ class Traffic:
         self.loss = wires.Loss()
 
 
-MessageHook = Callable[[str, str, int, str, int, float, float], None]
-"""``hook(op, dir, peer, tensor, nbytes, t_start, t_end)``, called per message."""
-
-
 def run_schedule(comm: MPI.Comm, partial: Partial, steps: List[Step], wire: str,
-                 traffic: Traffic, on_message: Optional[MessageHook] = None) -> Partial:
+                 traffic: Traffic, recorder: Optional[Recorder] = None) -> Partial:
     """Run ``steps`` on ``partial``; return the merged partial (the total at the root).
 
     Tensor data travels with the buffer methods ``Send``/``Recv``, never pickled.
+    ``recorder`` traces each step and each message.
     """
-    for step in steps:
-        if step.op == "recv":
-            bufs = wires.receive_buffers(partial, wire)
-            for name, buf in bufs:
-                t0 = time.perf_counter()
-                comm.Recv(buf, source=step.peer, tag=wires.TAGS[name])
-                if on_message:
-                    on_message("recv", step.dir, step.peer, name, buf.nbytes, t0,
-                               time.perf_counter())
-            partial = merge(partial, wires.decode(bufs, partial))
-        else:
-            bufs, loss = wires.encode(partial, wire)
-            traffic.loss = traffic.loss + loss
-            for name, buf in bufs:
-                t0 = time.perf_counter()
-                comm.Send(buf, dest=step.peer, tag=wires.TAGS[name])
-                traffic.messages += 1
-                traffic.bytes += buf.nbytes
-                if on_message:
-                    on_message("send", step.dir, step.peer, name, buf.nbytes, t0,
-                               time.perf_counter())
+    recorder = recorder or Recorder(comm.rank)
+    for i, step in enumerate(steps):
+        with recorder.span(f"{step.op} {step.dir}", "chain", step=i, peer=step.peer):
+            if step.op == "recv":
+                bufs = wires.receive_buffers(partial, wire)
+                for name, buf in bufs:
+                    t0 = time.perf_counter()
+                    comm.Recv(buf, source=step.peer, tag=wires.TAGS[name])
+                    recorder.message("recv", step.dir, step.peer, name, buf.nbytes, t0,
+                                     time.perf_counter())
+                partial = merge(partial, wires.decode(bufs, partial))
+            else:
+                bufs, loss = wires.encode(partial, wire)
+                traffic.loss = traffic.loss + loss
+                for name, buf in bufs:
+                    t0 = time.perf_counter()
+                    comm.Send(buf, dest=step.peer, tag=wires.TAGS[name])
+                    traffic.messages += 1
+                    traffic.bytes += buf.nbytes
+                    recorder.message("send", step.dir, step.peer, name, buf.nbytes, t0,
+                                     time.perf_counter())
     return partial

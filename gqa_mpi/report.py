@@ -81,7 +81,10 @@ def format_report(record: Dict) -> str:
     """The few lines rank 0 prints."""
     c = record["config"]
     t = record["topology"]
-    scale = "1/sqrt(d)" if c["softmax_scale"] is None else f"{c['scale']:g}"
+    if c["kernel_faithful"]:
+        scale = "1 (kernel-faithful)"
+    else:
+        scale = "1/sqrt(d)" if c["softmax_scale"] is None else f"{c['scale']:g}"
     source = (f"generated (seed {c['seed']})" if c["inputs"] is None
               else f"from {c['inputs']}")
     lines = [
@@ -95,13 +98,23 @@ def format_report(record: Dict) -> str:
         f" tokens per rank, tile {c['tile']}; wire {c['wire']}",
     ]
     chk = record["check"]
+    faithful = c["kernel_faithful"]
     if chk is None:
         lines.append("check     skipped (--no-check)")
     else:
         verdict = "PASSED" if chk["passed"] else "FAILED"
+        against = "a float64 model of the kernel" if faithful else "float64 reference"
         lines.append(f"check     max_abs_err={chk['max_abs_err']:.3g} "
                      f"max_rel_err={chk['max_rel_err']:.3g} (tolerance "
-                     f"{chk['tolerance']:g}) vs float64 reference: {verdict}")
+                     f"{chk['tolerance']:g}) vs {against}: {verdict}")
+    exact = record.get("faithful_vs_exact")
+    if exact is not None:
+        dropped = c["seq_len"] % t["ranks"]
+        lines.append(f"faithful  kernel arithmetic differs from exact attention by "
+                     f"max_abs_err={exact['max_abs_err']:.3g} "
+                     f"max_rel_err={exact['max_rel_err']:.3g} (no 1/sqrt(d) scale, "
+                     f"{dropped} tail token(s) dropped, K and Q reshaped not transposed, "
+                     f"float16)")
     loss = record["wire_loss"]
     if loss["overflow"]:
         lines.append(f"WARNING   float16 wire overflowed: {loss['overflow']} element(s) "
@@ -116,8 +129,9 @@ def format_report(record: Dict) -> str:
     mem = record["memory"]["peak_rss_mib"]
     lines.append(f"traffic   {msg['count']} messages, {_fmt_bytes(msg['bytes'])}; "
                  f"peak memory per rank {mem['max']:.0f} MiB (max)")
-    if record.get("output"):
-        lines.append(f"output    {record['output']}")
+    for key in ("output", "trace", "json"):
+        if c.get(key):
+            lines.append(f"{key:<9} {c[key]}")
     return "\n".join(lines)
 
 

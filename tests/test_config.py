@@ -37,6 +37,8 @@ def test_bad_config(kw, words):
 
 def test_chain_depth():
     assert Config(cubes=2, pes=8, world_size=16).chain_depth == 5
-    assert Config(cubes=3, pes=5, world_size=15).chain_depth == 3 + 1 + 2
+    # P = 5: PE 3 (row 0, col 3) is 3 hops from PE 0, PE 4 (row 1, col 0) only 1
+    assert Config(cubes=3, pes=5, world_size=15).chain_depth == 3 + 2
+    assert Config(cubes=1, pes=7, world_size=7).chain_depth == 1 + 2
     assert Config(cubes=1, pes=1, world_size=1).chain_depth == 0
     assert Config(cubes=1, pes=3, world_size=3, grid=(4, 1)).chain_depth == 2

@@ -121,3 +121,69 @@ def test_fewer_tokens_than_ranks():
         ref = attention_reference(q[0], k[0], v[0], h_kv=4)
         np.testing.assert_allclose(result.output, ref, atol=1e-6)
     topo.free()
+
+
+def spec_schedule(rank, C, P, cols=4):
+    """This rank's (op, dir, tensor) messages, straight from SPEC.md's chain rules."""
+    cube, pe = divmod(rank, P)
+    row, col = divmod(pe, cols)
+    rows = -(-P // cols)
+    row_len = min(cols, P - row * cols)
+    hops = []
+    if col < row_len - 1:
+        hops.append(("recv", "intra_E"))
+    if col > 0:
+        hops.append(("send", "intra_W"))
+    if col == 0:
+        if row < rows - 1:
+            hops.append(("recv", "intra_S"))
+        if row > 0:
+            hops.append(("send", "intra_N"))
+    if pe == 0:
+        if cube < C - 1:
+            hops.append(("recv", "E"))
+        if cube > 0:
+            hops.append(("send", "W"))
+    return [(op, d, t) for op, d in hops for t in "mlO"]
+
+
+def critical_path(events_by_rank):
+    """Hops from the farthest leaf to rank 0, following the traced receives."""
+    memo = {}
+
+    def depth(rank):
+        if rank not in memo:
+            peers = {e["args"]["peer"] for e in events_by_rank[rank]
+                     if e["cat"] == "message" and e["args"]["op"] == "recv"}
+            memo[rank] = max((depth(p) + 1 for p in peers), default=0)
+        return memo[rank]
+    return depth(0)
+
+
+@pytest.mark.parametrize("C,P", TOPOLOGIES)
+def test_trace_follows_spec_schedule(C, P):
+    comm = sub_world(C * P)
+    if comm == MPI.COMM_NULL:
+        return
+    cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=50 * C * P, heads_q=4,
+                 heads_kv=2, head_dim=8, tile=16, trace="unused.json", trace_tiles=True)
+    topo = Topology(comm, C, P, 4)
+    result = decode_step(cfg, topo)
+    events = comm.gather(result.recorder.events, root=0)
+    if comm.rank == 0:
+        for rank, evs in enumerate(events):
+            msgs = sorted((e for e in evs if e["cat"] == "message"), key=lambda e: e["args"]["seq"])
+            got = [(e["args"]["op"], e["args"]["dir"], e["args"]["tensor"]) for e in msgs]
+            assert got == spec_schedule(rank, C, P), rank
+            assert all(e["args"]["bytes"] > 0 and e["pid"] == rank for e in msgs)
+            assert [e["ts"] for e in msgs] == sorted(e["ts"] for e in msgs)
+            names = {e["name"] for e in evs}
+            assert {"inputs", "local_attention", "reduce"} <= names
+            assert any(e["cat"] == "tile" for e in evs)
+        cols, rows = min(4, P), -(-P // 4)
+        farthest_pe = max(pe // 4 + pe % 4 for pe in range(P))
+        assert critical_path(events) == farthest_pe + C - 1 == cfg.chain_depth
+        if P % 4 == 0 or P < 4:                          # the grids the kernel can run
+            assert cfg.chain_depth == (cols - 1) + (rows - 1) + (C - 1)
+    topo.free()
+    comm.Free()

@@ -1,0 +1,77 @@
+"""Per-rank phase timings and, when asked, a Chrome trace-event timeline. No MPI here.
+
+:class:`Recorder` always keeps the seconds spent per phase; with ``events=True`` it
+also keeps one duration event per phase, chain step, tile and message, in the
+``{"traceEvents": [...]}`` format that Perfetto and chrome://tracing open.
+Timestamps are microseconds since ``origin``, which the driver takes right after a
+barrier, so every rank's timeline starts together.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from typing import Dict, List, Optional
+
+
+class Recorder:
+    """Timings of one rank, and its trace events if ``events`` is true."""
+
+    def __init__(self, rank: int, events: bool = False, tiles: bool = False):
+        self.rank = rank
+        self.events: Optional[List[Dict]] = [] if events else None
+        self.tiles = events and tiles
+        self.timings: Dict[str, float] = {}
+        self.origin = time.perf_counter()
+        self.seq = 0
+
+    def start(self) -> None:
+        """Set the common origin (call right after a barrier)."""
+        self.origin = time.perf_counter()
+
+    def _event(self, name: str, cat: str, t0: float, t1: float, args: Dict) -> None:
+        self.events.append(dict(name=name, cat=cat, ph="X", pid=self.rank, tid=0,
+                                ts=(t0 - self.origin) * 1e6, dur=(t1 - t0) * 1e6,
+                                args=args))
+
+    @contextmanager
+    def phase(self, name: str, **args):
+        """Time a top-level phase (and trace it)."""
+        t0 = time.perf_counter()
+        yield
+        t1 = time.perf_counter()
+        self.timings[name] = self.timings.get(name, 0.0) + t1 - t0
+        if self.events is not None:
+            self._event(name, "phase", t0, t1, args)
+
+    @contextmanager
+    def span(self, name: str, cat: str, **args):
+        """Trace a step inside a phase (no timing kept)."""
+        t0 = time.perf_counter()
+        yield
+        if self.events is not None:
+            self._event(name, cat, t0, time.perf_counter(), args)
+
+    def tile(self, index: int, start: int, stop: int, t0: float, t1: float) -> None:
+        if self.tiles:
+            self._event(f"tile {index}", "tile", t0, t1, dict(tokens=[start, stop]))
+
+    def message(self, op: str, direction: str, peer: int, tensor: str, nbytes: int,
+                t0: float, t1: float) -> None:
+        if self.events is not None:
+            self._event(f"{op} {tensor} {'to' if op == 'send' else 'from'} {direction}",
+                        "message", t0, t1,
+                        dict(op=op, dir=direction, peer=peer, tensor=tensor,
+                             bytes=nbytes, seq=self.seq))
+            self.seq += 1
+
+
+def chrome_trace(per_rank_events: List[List[Dict]], names: List[str]) -> Dict:
+    """One trace-event document: a process row per rank, named after its place."""
+    meta = []
+    for rank, name in enumerate(names):
+        meta.append(dict(name="process_name", ph="M", pid=rank, tid=0,
+                         args=dict(name=f"rank {rank}: {name}")))
+        meta.append(dict(name="process_sort_index", ph="M", pid=rank, tid=0,
+                         args=dict(sort_index=rank)))
+    events = [e for evs in per_rank_events for e in evs]
+    return dict(traceEvents=meta + events, displayTimeUnit="ms")

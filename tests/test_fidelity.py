@@ -1,0 +1,140 @@
+"""Kernel fidelity through real launches: trace file, float16 wire, faithful mode."""
+import json
+
+import numpy as np
+import pytest
+
+from gqa_mpi.reference import attention_reference
+
+from util import launch, read_json, write_inputs
+
+
+def test_trace_file_opens_and_shows_the_chain(tmp_path):
+    t = tmp_path / "t.json"
+    proc = launch(16, ["--seq-len", 4096, "--trace", t])
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(t.read_text())
+    events = doc["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["name"] == "process_name"}
+    assert "rank 13: cube 1 / PE 5 (row 1, col 1)" in names and len(names) == 16
+    msgs = [e for e in events if e.get("cat") == "message"]
+    assert len(msgs) == 2 * 3 * 15                       # each message seen by both ends
+    for e in msgs:
+        assert {"op", "dir", "peer", "tensor", "bytes"} <= set(e["args"])
+        assert e["ph"] == "X" and e["dur"] >= 0
+    # rank 0 receives from intra_E (1), intra_S (4) and E (8), in that order
+    got = [(e["args"]["dir"], e["args"]["peer"]) for e in msgs
+           if e["pid"] == 0 and e["args"]["tensor"] == "m"]
+    assert got == [("intra_E", 1), ("intra_S", 4), ("E", 8)]
+
+
+def equal_scores(tmp_path, S, d=8):
+    """Q = K = 0 (all scores equal) and V = 4: exact output is 4 everywhere."""
+    q = np.zeros((1, 4 * d), np.float16)
+    k = np.zeros((S, d), np.float16)
+    v = np.full((S, d), 4, np.float16)
+    return write_inputs(tmp_path / "in", q, k, v)
+
+
+def test_float16_wire_overflow_is_reported(tmp_path):
+    """2^17 equal scores, 65536 per rank: l = 65536 > 65504 overflows float16."""
+    d = equal_scores(tmp_path, 2 ** 17)
+    j = tmp_path / "r.json"
+    ok = launch(2, ["--inputs", d, "--head-dim", 8, "--output", tmp_path / "o.npy"])
+    assert ok.returncode == 0, ok.stderr
+    np.testing.assert_array_equal(np.load(tmp_path / "o.npy"), 4.0)
+    bad = launch(2, ["--inputs", d, "--head-dim", 8, "--wire", "kernel", "--json", j])
+    assert bad.returncode == 1
+    assert "float16 wire overflowed" in bad.stdout and "output is invalid" in bad.stdout
+    rec = read_json(j)
+    assert rec["wire_loss"]["overflow"] > 0 and not rec["check"]["passed"]
+
+
+@pytest.mark.parametrize("wire", ["fp32", "kernel", "packed"])
+def test_wires_agree(tmp_path, wire):
+    o = tmp_path / f"{wire}.npy"
+    proc = launch(8, ["--seq-len", 5000, "--seed", 4, "--wire", wire, "--output", o])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    from gqa_mpi import inputs
+    q, k, v = (inputs.generate(4, n, 1, s, w)[0] for n, s, w in
+               (("q", 1, 4096), ("k", 5000, 1024), ("v", 5000, 1024)))
+    ref = attention_reference(q, k, v, h_kv=8)
+    tol = 2e-3 if wire == "kernel" else 1e-6
+    np.testing.assert_allclose(np.load(o), ref, atol=tol * np.abs(ref).max())
+
+
+def kernel_model(q, k, v, *, h_kv, n, tile):
+    """The test's own float64 model of the kernel's reshapes (SPEC defects 2-5)."""
+    q, k, v = (a.astype(np.float16).astype(np.float64) for a in (q, k, v))
+    d = k.shape[1] // h_kv
+    G = q.shape[1] // d // h_kv
+    T_q = q.shape[0]
+    Q = q.reshape(-1)[:G * T_q * d].reshape(G * T_q, d)
+    S_local = k.shape[0] // n
+    s_all, v_all = [], []
+    for r in range(n):
+        kf = k[r * S_local:(r + 1) * S_local].reshape(-1)
+        vf = v[r * S_local:(r + 1) * S_local].reshape(-1)
+        for t0 in range(0, S_local, tile):
+            ts = min(tile, S_local - t0)
+            s_all.append(Q @ kf[t0 * d:(t0 + ts) * d].reshape(d, ts))
+            v_all.append(vf[t0 * d:(t0 + ts) * d].reshape(ts, d))
+    s = np.hstack(s_all)
+    p = np.exp(s - s.max(1, keepdims=True))
+    o = (p / p.sum(1, keepdims=True)) @ np.vstack(v_all)
+    out = np.zeros(q.size)
+    out[:o.size] = o.reshape(-1)
+    return out.reshape(q.shape)
+
+
+def test_faithful_equals_exact_on_symmetric_inputs(tmp_path):
+    """T_q = 1, h_kv = 1, S_kv a multiple of C*P, symmetric d x d K tiles: no defect shows."""
+    rng = np.random.default_rng(0)
+    d, n, h_q = 8, 4, 4
+    S = n * 3 * d
+    blocks = rng.integers(-4, 5, size=(S // d, d, d)) / 8
+    k = (blocks + blocks.transpose(0, 2, 1)).reshape(S, d).astype(np.float16)
+    v = (rng.integers(-8, 9, size=(S, d)) / 4).astype(np.float16)
+    q = (rng.integers(-4, 5, size=(1, h_q * d)) / 4).astype(np.float16)
+    o = tmp_path / "o.npy"
+    proc = launch(n, ["--inputs", write_inputs(tmp_path / "in", q, k, v), "--head-dim", d,
+                      "--tile", d, "--kernel-faithful", "--output", o])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    exact = attention_reference(q, k, v, h_kv=1, scale=1.0)
+    np.testing.assert_allclose(np.load(o), exact, atol=1e-2 * np.abs(exact).max())
+
+
+def test_faithful_differs_on_random_inputs_as_the_model_predicts(tmp_path):
+    rng = np.random.default_rng(1)
+    d, h_q, h_kv, T_q, n, tile = 16, 8, 2, 2, 4, 24
+    S = n * 50 + 3                                         # 3 tail tokens dropped
+    q = (rng.standard_normal((T_q, h_q * d)) / 4).astype(np.float32)
+    k = rng.standard_normal((S, h_kv * d)).astype(np.float32)
+    v = rng.standard_normal((S, h_kv * d)).astype(np.float32)
+    o, j = tmp_path / "o.npy", tmp_path / "r.json"
+    proc = launch(n, ["--inputs", write_inputs(tmp_path / "in", q, k, v), "--head-dim", d,
+                      "--tile", tile, "--kernel-faithful", "--output", o, "--json", j])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    got = np.load(o)
+    model = kernel_model(q, k, v, h_kv=h_kv, n=n, tile=tile)
+    exact = attention_reference(q, k, v, h_kv=h_kv)
+    assert np.abs(got - model).max() < 1e-2 * np.abs(model).max()
+    assert np.abs(got - exact).max() > 0.1                 # the defects are visible
+    rec = read_json(j)
+    assert rec["faithful_vs_exact"]["max_abs_err"] == pytest.approx(np.abs(got - exact).max(),
+                                                                   rel=1e-3)
+    assert "3 tail token(s) dropped" in proc.stdout
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--pes", 6], "P=6 leaves the last PE row short"),
+    (["--seq-len", 5], "SPEC defect 6"),
+    (["--causal"], "no causal mask"),
+    (["--softmax-scale", "0.5"], "no softmax scale"),
+])
+def test_faithful_refuses_what_the_kernel_cannot_do(args, words):
+    n = 12 if "--pes" in args else 8
+    proc = launch(n, ["--kernel-faithful", *args], timeout=60)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], proc.stderr
