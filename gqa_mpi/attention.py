@@ -137,10 +137,16 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     S_local = k.shape[2]
     qs = (q * np.float32(scale)).astype(np.float32, copy=False)
     m, l, O = empty_partial(B, h_kv, R, d)
+    # Scratch reused by every tile: its size depends on the tile, never on S_local.
+    width = min(tile, S_local)
+    scores_buf = np.empty((B, h_kv, R, width), dtype=np.float32)
+    pv = np.empty_like(O)
     for s0 in range(0, S_local, tile):
         t0 = time.perf_counter() if on_tile else 0.0
         s1 = min(s0 + tile, S_local)
-        scores = np.matmul(qs, k[:, :, s0:s1].swapaxes(-1, -2))  # (B, h_kv, R, t)
+        scores = scores_buf if s1 - s0 == width else np.empty((B, h_kv, R, s1 - s0),
+                                                              dtype=np.float32)
+        np.matmul(qs, k[:, :, s0:s1].swapaxes(-1, -2), out=scores)  # (B, h_kv, R, t)
         if causal_limit is not None and start + s1 - 1 > causal_limit.min():
             hidden = np.arange(start + s0, start + s1)[None, :] > causal_limit[:, None]
             np.copyto(scores, -np.inf, where=hidden)
@@ -149,8 +155,10 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
         np.subtract(scores, shift[..., None], out=scores)
         np.exp(scores, out=scores)
         alpha = np.exp(m - shift)
-        l = l * alpha + scores.sum(axis=-1)
-        O = O * alpha[..., None] + np.matmul(scores, v[:, :, s0:s1])
+        l *= alpha
+        l += scores.sum(axis=-1)
+        O *= alpha[..., None]
+        O += np.matmul(scores, v[:, :, s0:s1], out=pv)
         m = m_new
         if on_tile:
             on_tile(s0 // tile, start + s0, start + s1, t0, time.perf_counter())

@@ -18,7 +18,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 from mpi4py import MPI  # noqa: E402
 
 from . import __version__  # noqa: E402
-from .config import DEFAULT_GRID, WIRES, Config, default_topology
+from .config import DEFAULT_GRID, REDUCES, WIRES, Config, default_topology
 from .inputs import InputError, inspect_inputs
 from .run import run
 
@@ -114,6 +114,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default); kernel = the same in float16, as the kernel does "
                         "(overflow is detected and reported); packed = one float32 "
                         "message per hop")
+    a.add_argument("--reduce", choices=REDUCES, default="chain",
+                   help="how partials reach rank 0: chain = the kernel's row chain, "
+                        "column bridge and inter-cube chain (default); tree = binomial "
+                        "tree, ceil(log2 n) hops; mpi = MPI.Reduce with the merge as a "
+                        "user-defined operator")
     a.add_argument("--kernel-faithful", action="store_true",
                    help="reproduce the kernel's arithmetic instead of exact attention: "
                         "no softmax scale, tail tokens dropped, K and Q read by its "
@@ -197,7 +202,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
                      inputs=args.inputs, output=args.output, json=args.json,
                      check=args.check, kernel_faithful=args.kernel_faithful,
                      wire=args.wire or ("kernel" if args.kernel_faithful else "fp32"),
-                     trace=args.trace, trace_tiles=args.trace_tiles, **fields)
+                     trace=args.trace, trace_tiles=args.trace_tiles,
+                     reduce=args.reduce, **fields)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return cfg, args

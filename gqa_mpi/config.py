@@ -13,6 +13,9 @@ from typing import Optional, Tuple
 WIRES = ("fp32", "kernel", "packed")
 """What one hop of the reduction carries (see :mod:`gqa_mpi.wire`)."""
 
+REDUCES = ("chain", "tree", "mpi")
+"""How the partials reach the root (see :mod:`gqa_mpi.reduce`)."""
+
 DEFAULT_GRID = (2, 4)
 
 
@@ -54,6 +57,8 @@ class Config:
     """Directory holding q.npy, k.npy, v.npy; None to generate."""
     wire: str = "fp32"
     """Hop format: 'fp32' (m, l, O as float32), 'kernel' (float16), 'packed'."""
+    reduce: str = "chain"
+    """Reduction schedule: 'chain' (the kernel's), 'tree' (binomial), 'mpi' (MPI.Reduce)."""
     output: Optional[str] = None
     """Where the root writes O (.npy); None to skip."""
     json: Optional[str] = None
@@ -96,6 +101,12 @@ class Config:
                              f"got {self.softmax_scale!r}")
         if self.wire not in WIRES:
             raise ValueError(f"--wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
+        if self.reduce not in REDUCES:
+            raise ValueError(f"--reduce must be one of {', '.join(REDUCES)}, "
+                             f"got {self.reduce!r}")
+        if self.reduce == "mpi" and self.wire == "kernel":
+            raise ValueError("--reduce mpi hands MPI one packed float32 buffer; the "
+                             "float16 wire (--wire kernel) needs --reduce chain or tree")
         if self.kernel_faithful:
             self._check_faithful()
 
@@ -163,10 +174,20 @@ class Config:
         cols = self.grid[1]
         return max(sum(divmod(pe, cols)) for pe in range(self.pes)) + self.cubes - 1
 
+    @property
+    def reduce_depth(self) -> Optional[int]:
+        """Hops on the critical path of the chosen schedule (None: MPI decides)."""
+        if self.reduce == "chain":
+            return self.chain_depth
+        if self.reduce == "tree":
+            return (self.n_ranks - 1).bit_length()
+        return None
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["grid"] = f"{self.grid[0]}x{self.grid[1]}"
-        d.update(group=self.group, scale=self.scale, chain_depth=self.chain_depth)
+        d.update(group=self.group, scale=self.scale, chain_depth=self.chain_depth,
+                 reduce_depth=self.reduce_depth)
         return d
 
 

@@ -20,7 +20,7 @@ from .attention import (causal_limits, finalize, fold_queries, local_attention,
                         resident, unfold_output)
 from .config import Config
 from .faithful import kernel_operands, kernel_output
-from .reduce import Traffic, chain_schedule, run_schedule
+from .reduce import Traffic, chain_schedule, mpi_reduce, run_schedule, tree_schedule
 from .topology import Topology
 from .trace import Recorder
 
@@ -99,9 +99,13 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
         partial = local_attention(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
                                   causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
 
-    with rec.phase("reduce", wire=cfg.wire):
-        steps = chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
-        partial = run_schedule(comm, partial, steps, cfg.wire, result.traffic, rec)
+    with rec.phase("reduce", wire=cfg.wire, schedule=cfg.reduce):
+        if cfg.reduce == "mpi":
+            partial = mpi_reduce(comm, partial, result.traffic, rec)
+        else:
+            steps = (chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
+                     if cfg.reduce == "chain" else tree_schedule(topo.rank, comm.size))
+            partial = run_schedule(comm, partial, steps, cfg.wire, result.traffic, rec)
 
     if topo.is_root:
         with rec.phase("finalize"):

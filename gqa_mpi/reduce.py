@@ -1,4 +1,8 @@
-"""Reduction of the partials to the root: the kernel's schedule, and its execution.
+"""Reduction of the partials to the root: the schedules, and their execution.
+
+Three schedules (``--reduce``): ``chain``, the kernel's own (below, the default);
+``tree``, a binomial tree over point-to-point messages (``ceil(log2 n)`` hops); and
+``mpi``, one ``MPI.Reduce`` with a user-defined merge operator on the packed partial.
 
 A schedule is this rank's list of :class:`Step` s, run in order: ``recv`` from a
 neighbour and merge into the running partial, or ``send`` the running partial on.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import time
 from typing import Dict, List, NamedTuple, Optional
 
+import numpy as np
 from mpi4py import MPI
 
 from .attention import Partial, merge
@@ -56,6 +61,68 @@ def chain_schedule(neighbours: Dict[str, int], cube: int, pe: int, row: int,
         if cube > 0:
             steps.append(Step("send", "W", neighbours["W"]))
     return steps
+
+
+def tree_schedule(rank: int, size: int) -> List[Step]:
+    """This rank's steps of a binomial tree rooted at rank 0.
+
+    In round ``k`` (``2**k`` apart) a rank whose lowest set bit is ``2**k`` sends its
+    partial to ``rank - 2**k`` and is done; the others receive from ``rank + 2**k``
+    if it exists. Depth ``ceil(log2 size)``.
+    """
+    steps: List[Step] = []
+    span = 1
+    while span < size:
+        if rank & span:
+            steps.append(Step("send", "tree", rank - span))
+            break
+        if rank + span < size:
+            steps.append(Step("recv", "tree", rank + span))
+        span *= 2
+    return steps
+
+
+def tree_depth(size: int) -> int:
+    return (size - 1).bit_length()
+
+
+def _merge_packed(shape_m, shape_O):
+    """An ``MPI.Op`` merging two packed float32 partials ``[m | l | O]``."""
+    nm = int(np.prod(shape_m))
+
+    def merge_op(inbuf, inoutbuf, datatype):
+        a = np.frombuffer(inbuf, dtype=np.float32)
+        b = np.frombuffer(inoutbuf, dtype=np.float32)
+
+        def unpack(x):
+            return Partial(x[:nm].reshape(shape_m), x[nm:2 * nm].reshape(shape_m),
+                           x[2 * nm:].reshape(shape_O))
+        merged = merge(unpack(a), unpack(b))
+        b[:nm], b[nm:2 * nm], b[2 * nm:] = merged.m.ravel(), merged.l.ravel(), merged.O.ravel()
+
+    return MPI.Op.Create(merge_op, commute=True)
+
+
+def mpi_reduce(comm: MPI.Comm, partial: Partial, traffic: "Traffic",
+               recorder: Optional[Recorder] = None) -> Partial:
+    """``MPI.Reduce`` of the packed partial with the merge as a user-defined operator.
+
+    MPI picks the message pattern; each rank hands it one packed float32 buffer.
+    """
+    recorder = recorder or Recorder(comm.rank)
+    send = np.concatenate([partial.m.ravel(), partial.l.ravel(), partial.O.ravel()])
+    recv = np.empty_like(send) if comm.rank == 0 else None
+    op = _merge_packed(partial.m.shape, partial.O.shape)
+    try:
+        with recorder.span("MPI_Reduce", "chain"):
+            comm.Reduce(send, recv, op=op, root=0)
+    finally:
+        op.Free()
+    if comm.rank != 0:
+        traffic.messages += 1
+        traffic.bytes += send.nbytes
+        return partial
+    return wires.decode([("mlO", recv)], partial)
 
 
 class Traffic:

@@ -94,6 +94,10 @@ def format_report(record: Dict) -> str:
         f"topology  C={t['cubes']} cubes x P={t['pes']} PEs = {t['ranks']} ranks; "
         f"PE grid {c['grid']} ({t['rows_used']} row(s) x {t['cols_used']} col(s) used); "
         f"chain depth {t['chain_depth']} hops",
+        "reduce    " + {
+            "chain": "chain (the kernel's: row chain, column bridge, inter-cube chain)",
+            "tree": f"binomial tree, {c['reduce_depth']} hops on the critical path",
+            "mpi": "MPI.Reduce with the merge as a user-defined operator"}[c["reduce"]],
         f"split     {record['tokens_per_rank']['min']}..{record['tokens_per_rank']['max']}"
         f" tokens per rank, tile {c['tile']}; wire {c['wire']}",
     ]

@@ -136,3 +136,17 @@ def test_scratch_does_not_grow_with_slice():
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 1.5 * peaks[0] + 4096, peaks
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 16, 17, 64])
+def test_tree_schedule_is_a_tree_of_depth_log2(n):
+    from gqa_mpi.reduce import tree_depth, tree_schedule
+    sends = {(r, s.peer) for r in range(n) for s in tree_schedule(r, n) if s.op == "send"}
+    recvs = {(s.peer, r) for r in range(n) for s in tree_schedule(r, n) if s.op == "recv"}
+    assert sends == recvs and len(sends) == n - 1
+    parent = dict(sends)
+    depth = lambda r: 0 if r == 0 else 1 + depth(parent[r])  # noqa: E731
+    assert max(depth(r) for r in range(n)) == tree_depth(n)
+    for r in range(n):            # a rank sends only after all its receives
+        ops = [s.op for s in tree_schedule(r, n)]
+        assert "send" not in ops[:-1]

@@ -187,3 +187,23 @@ def test_trace_follows_spec_schedule(C, P):
             assert cfg.chain_depth == (cols - 1) + (rows - 1) + (C - 1)
     topo.free()
     comm.Free()
+
+
+@pytest.mark.parametrize("C,P", [(1, 1), (1, 6), (2, 8), (3, 5), (4, 4)])
+@pytest.mark.parametrize("reduce", ["tree", "mpi"])
+def test_other_reduce_schedules(C, P, reduce):
+    comm = sub_world(C * P)
+    if comm == MPI.COMM_NULL:
+        return
+    S = 29 * C * P + 3
+    cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=S, heads_q=4, heads_kv=2,
+                 head_dim=8, tile=8, seed=7, reduce=reduce)
+    topo = Topology(comm, C, P, 4)
+    result = decode_step(cfg, topo)
+    if comm.rank == 0:
+        q, k, v = (inputs.generate(7, n, 1, size, width) for n, size, width in
+                   (("q", 1, 32), ("k", S, 16), ("v", S, 16)))
+        ref = attention_reference(q[0], k[0], v[0], h_kv=2)
+        np.testing.assert_allclose(result.output, ref, atol=2e-6 * np.abs(ref).max())
+    topo.free()
+    comm.Free()
