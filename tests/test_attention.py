@@ -144,9 +144,16 @@ def test_tree_schedule_is_a_tree_of_depth_log2(n):
     sends = {(r, s.peer) for r in range(n) for s in tree_schedule(r, n) if s.op == "send"}
     recvs = {(s.peer, r) for r in range(n) for s in tree_schedule(r, n) if s.op == "recv"}
     assert sends == recvs and len(sends) == n - 1
-    parent = dict(sends)
-    depth = lambda r: 0 if r == 0 else 1 + depth(parent[r])  # noqa: E731
-    assert max(depth(r) for r in range(n)) == tree_depth(n)
+
+
+    def ready(r):
+        """Message latencies until rank r holds its merged subtree (receives in order)."""
+        t = 0
+        for s in tree_schedule(r, n):
+            if s.op == "recv":
+                t = max(t, ready(s.peer)) + 1
+        return t
+    assert ready(0) == tree_depth(n)
     for r in range(n):            # a rank sends only after all its receives
         ops = [s.op for s in tree_schedule(r, n)]
         assert "send" not in ops[:-1]
