@@ -115,7 +115,6 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                     row[f"{name}_s"] = bt
                     row[f"{name}_over_local"] = bt / t
                 rows.append(row)
-        del k, v
     return rows
 
 

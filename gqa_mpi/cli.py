@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 import traceback
 from typing import List, Optional
 
@@ -70,7 +71,16 @@ def _grid(text: str):
         rows, cols = (int(x) for x in text.lower().split("x"))
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 2x4, got {text!r}")
+    if rows < 1 or cols < 1:
+        raise argparse.ArgumentTypeError(f"rows and columns must be positive, got {text!r}")
     return rows, cols
+
+
+def _counts(text: str):
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -102,6 +112,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the same seed gives the same tensors at any rank count)")
     g.add_argument("--inputs", metavar="DIR",
                    help="read q.npy, k.npy, v.npy from DIR instead of generating")
+    g.add_argument("--allow-nonfinite", action="store_true",
+                   help="accept NaN or inf in --inputs files (refused by default, "
+                        "with the first location)")
+    t.add_argument("--split", type=_counts, metavar="N0,N1,...",
+                   help="tokens held by each rank, in rank order, adding up to S_kv "
+                        "(default: balanced, the first S_kv %% n ranks take one more)")
     a = p.add_argument_group("attention")
     a.add_argument("--tile", type=int, default=1024, metavar="TOKENS",
                    help="tokens per tile of the local sweep (default 1024)")
@@ -149,8 +165,12 @@ def _writable(path: str, flag: str) -> Optional[str]:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         return f"{flag} {path}: directory {directory} does not exist"
-    if not os.access(directory, os.W_OK | os.X_OK):
-        return f"{flag} {path}: directory {directory} is not writable"
+    try:  # access() says yes to root even on a read-only file system: really try
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".gqa_mpi-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"{flag} {path}: directory {directory} is not writable ({e.strerror})"
     return None
 
 
@@ -203,7 +223,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
                      check=args.check, kernel_faithful=args.kernel_faithful,
                      wire=args.wire or ("kernel" if args.kernel_faithful else "fp32"),
                      trace=args.trace, trace_tiles=args.trace_tiles,
-                     reduce=args.reduce, **fields)
+                     reduce=args.reduce, split=args.split,
+                     allow_nonfinite=args.allow_nonfinite, **fields)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return cfg, args
@@ -219,7 +240,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
-        return run(comm, cfg, quiet=args.quiet)
+        try:
+            return run(comm, cfg, quiet=args.quiet)
+        except InputError as e:  # raised on every rank alike (see driver.refuse_nonfinite)
+            if comm.rank == 0:
+                print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
     except SystemExit:
         raise
     except BaseException:

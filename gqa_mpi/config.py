@@ -71,6 +71,10 @@ class Config:
     """Where the root writes a Chrome trace-event timeline; None to skip."""
     trace_tiles: bool = False
     """Put one trace event per tile of the local sweep in the timeline."""
+    split: Optional[Tuple[int, ...]] = None
+    """Tokens of each rank, in rank order; None for the balanced split."""
+    allow_nonfinite: bool = False
+    """Accept NaN or inf in input files instead of refusing them."""
 
     def __post_init__(self):
         def positive(name, value):
@@ -107,6 +111,13 @@ class Config:
         if self.reduce == "mpi" and self.wire == "kernel":
             raise ValueError("--reduce mpi hands MPI one packed float32 buffer; the "
                              "float16 wire (--wire kernel) needs --reduce chain or tree")
+        if self.split is not None:
+            if len(self.split) != self.n_ranks:
+                raise ValueError(f"--split gives {len(self.split)} token counts for "
+                                 f"{self.n_ranks} ranks")
+            if min(self.split) < 0 or sum(self.split) != self.seq_len:
+                raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
+                                 f"{self.seq_len}; they add up to {sum(self.split)}")
         if self.kernel_faithful:
             self._check_faithful()
 
@@ -131,6 +142,8 @@ class Config:
                 f"(SPEC defect 6); drop {flag} or use fewer ranks")
         if self.batch > 1:
             raise ValueError(f"{flag}: the kernel has no batch axis (batch {self.batch})")
+        if self.split is not None:
+            raise ValueError(f"{flag}: the kernel splits tokens itself; drop --split")
         if self.causal:
             raise ValueError(f"{flag}: the kernel has no causal mask; drop --causal")
         if self.softmax_scale is not None:
@@ -186,6 +199,7 @@ class Config:
     def as_dict(self) -> dict:
         d = asdict(self)
         d["grid"] = f"{self.grid[0]}x{self.grid[1]}"
+        d["split"] = None if self.split is None else list(self.split)
         d.update(group=self.group, scale=self.scale, chain_depth=self.chain_depth,
                  reduce_depth=self.reduce_depth)
         return d

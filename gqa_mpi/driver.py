@@ -19,6 +19,7 @@ from . import inputs
 from .attention import (causal_limits, finalize, fold_queries, local_attention,
                         resident, unfold_output)
 from .config import Config
+from .faults import inject
 from .faithful import kernel_operands, kernel_output
 from .reduce import Traffic, chain_schedule, mpi_reduce, run_schedule, tree_schedule
 from .topology import Topology
@@ -78,28 +79,52 @@ def operands(cfg: Config, q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray)
             resident(v_rows, cfg.heads_kv, cfg.head_dim))
 
 
+def rank_tokens(cfg: Config, rank: int) -> Tuple[int, int]:
+    """``[start, stop)`` of ``rank``'s tokens under the configured split."""
+    if cfg.split is not None:
+        start = sum(cfg.split[:rank])
+        return start, start + cfg.split[rank]
+    split = kernel_token_range if cfg.kernel_faithful else token_range
+    return split(cfg.seq_len, cfg.n_ranks, rank)
+
+
+def refuse_nonfinite(comm, cfg: Config, start: int, tensors) -> None:
+    """Raise the same InputError on every rank if any rank's inputs hold NaN or inf."""
+    mine = None
+    for name, array, offset in tensors:
+        mine = mine or inputs.first_nonfinite(name, array, offset)
+    found = [m for m in comm.allgather(mine) if m]
+    if found:
+        raise inputs.InputError(f"{found[0]} (pass --allow-nonfinite to accept it)")
+
+
 def decode_step(cfg: Config, topo: Topology) -> StepResult:
     """Run one decode step on this rank; the root's result holds the output."""
     comm = topo.comm
-    split = kernel_token_range if cfg.kernel_faithful else token_range
-    start, stop = split(cfg.seq_len, cfg.n_ranks, topo.rank)
+    start, stop = rank_tokens(cfg, topo.rank)
     rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
     result = StepResult(None, start, stop, rec)
     comm.Barrier()
     rec.start()  # a common origin for every rank's clock
 
     with rec.phase("inputs", tokens=[start, stop]):
+        inject("inputs", topo.rank)
         q_in, k_rows, v_rows = load_slice(cfg, start, stop)
+        if cfg.inputs is not None and not cfg.allow_nonfinite:
+            refuse_nonfinite(comm, cfg, start, [("q", q_in, 0), ("k", k_rows, start),
+                                                ("v", v_rows, start)])
         q, k, v = operands(cfg, q_in, k_rows, v_rows)
         del k_rows, v_rows
 
     with rec.phase("local_attention", tile=cfg.tile):
+        inject("local_attention", topo.rank)
         limit = (causal_limits(cfg.seq_len, cfg.queries, cfg.group)
                  if cfg.causal else None)
         partial = local_attention(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
                                   causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
 
     with rec.phase("reduce", wire=cfg.wire, schedule=cfg.reduce):
+        inject("reduce", topo.rank)
         if cfg.reduce == "mpi":
             partial = mpi_reduce(comm, partial, result.traffic, rec)
         else:
@@ -109,6 +134,7 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
 
     if topo.is_root:
         with rec.phase("finalize"):
+            inject("finalize", topo.rank)
             out = finalize(partial)
             if cfg.kernel_faithful:
                 out = kernel_output(out, q_in.shape)

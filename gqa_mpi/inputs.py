@@ -61,7 +61,7 @@ def _header(path: str) -> Tuple[tuple, np.dtype, bool, int]:
             reader = {(1, 0): np.lib.format.read_array_header_1_0,
                       (2, 0): np.lib.format.read_array_header_2_0}.get(version)
             if reader is None:
-                raise InputError(f"{path}: unsupported .npy version {version}")
+                raise InputError(f"{path}: not a readable .npy file (format version {version})")
             shape, fortran, dtype = reader(f, max_header_size=100_000)
             offset = f.tell()
     except InputError:
@@ -137,3 +137,20 @@ def load_q(directory: str) -> np.ndarray:
     """The whole of ``q.npy`` as float32 ``(B, T_q, h_q*d)``."""
     q = np.load(os.path.join(directory, "q.npy"), allow_pickle=False)
     return np.asarray(q if q.ndim == 3 else q[None], dtype=np.float32)
+
+
+def first_nonfinite(name: str, array: np.ndarray, token_offset: int = 0):
+    """Where the first NaN or inf of ``array`` (``(B, tokens, width)``) is, or None.
+
+    Checked in blocks of tokens so a memory-mapped slice is never copied whole.
+    """
+    for t0 in range(0, array.shape[1], GEN_BLOCK):
+        block = np.asarray(array[:, t0:t0 + GEN_BLOCK])
+        bad = ~np.isfinite(block)
+        if bad.any():
+            b, t, c = (int(i) for i in np.argwhere(bad)[0])
+            kind = "NaN" if np.isnan(block[b, t, c]) else "inf"
+            where = "query" if name == "q" else "token"
+            return (f"{name}.npy: {kind} at batch {b}, {where} {token_offset + t0 + t}, "
+                    f"column {c}")
+    return None

@@ -11,6 +11,8 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from .faults import inject
+
 TOLERANCE = {"fp32": 1e-4, "packed": 1e-4, "kernel": 1e-2}
 """Largest accepted ``max_rel_err`` per wire. float32 accumulation over many tiles
 stays far below 1e-4; the kernel's float16 wire rounds m, l and O to 11 bits, and
@@ -51,6 +53,7 @@ def atomic_write(path: str, write: Callable[[object], None], mode: str = "wb") -
         with os.fdopen(fd, mode) as f:
             write(f)
             f.flush()
+            inject("write", 0)
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:

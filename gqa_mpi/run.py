@@ -1,7 +1,6 @@
 """One run as the user sees it: topology, the decode step, then the root's account."""
 from __future__ import annotations
 
-import sys
 import time
 
 import numpy as np

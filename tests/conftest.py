@@ -5,7 +5,6 @@ collective and the whole ``mpirun`` hangs until its timeout.
 """
 import sys
 
-import pytest
 
 
 def pytest_runtest_logreport(report):

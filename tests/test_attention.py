@@ -4,29 +4,12 @@ import itertools
 import numpy as np
 import pytest
 
-from gqa_mpi.attention import (causal_limits, empty_partial, finalize, fold_queries,
-                               local_attention, merge, resident, unfold_output)
+from gqa_mpi.attention import (empty_partial, finalize, fold_queries, local_attention,
+                               merge, unfold_output)
 from gqa_mpi.driver import token_range
 from gqa_mpi.reference import attention_reference
 
-
-def distributed(q, k, v, *, h_kv, n_ranks, tile, scale=None, causal=False, bounds=None):
-    """Emulate the whole pipeline without MPI: split, sweep, merge in chain order."""
-    B, T_q, _ = q.shape
-    S = k.shape[1]
-    d = k.shape[-1] // h_kv
-    G = q.shape[-1] // d // h_kv
-    scale = 1 / np.sqrt(d) if scale is None else scale
-    qf = fold_queries(q.astype(np.float32), h_kv, d)
-    limit = causal_limits(S, T_q, G) if causal else None
-    bounds = bounds or [token_range(S, n_ranks, r) for r in range(n_ranks)]
-    total = empty_partial(B, h_kv, G * T_q, d)
-    for start, stop in reversed(bounds):
-        p = local_attention(qf, resident(k[:, start:stop], h_kv, d),
-                            resident(v[:, start:stop], h_kv, d), scale=scale,
-                            tile=tile, start=start, causal_limit=limit)
-        total = merge(p, total)
-    return unfold_output(finalize(total), T_q), total
+from util import distributed
 
 
 SHAPES = [

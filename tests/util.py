@@ -5,6 +5,9 @@ import subprocess
 
 import numpy as np
 
+from gqa_mpi.attention import (causal_limits, empty_partial, finalize, fold_queries,
+                               local_attention, merge, resident, unfold_output)
+from gqa_mpi.driver import token_range
 from gqa_mpi.launcher import gqa_command
 
 TIMEOUT = 120
@@ -37,3 +40,31 @@ def random_inputs(rng, *, S, h_q, h_kv, d, T_q=1, B=None, dtype=np.float32):
 def read_json(path):
     with open(path) as f:
         return json.load(f)
+
+
+def distributed(q, k, v, *, h_kv, n_ranks, tile, scale=None, causal=False, bounds=None,
+                order=None):
+    """Emulate the whole pipeline without MPI: split, sweep, merge.
+
+    ``order`` is a function from the list of partials (in rank order) to the merged
+    one; by default they are merged right to left, as the chain does along a row.
+    """
+    B, T_q, _ = q.shape
+    S = k.shape[1]
+    d = k.shape[-1] // h_kv
+    G = q.shape[-1] // d // h_kv
+    scale = 1 / np.sqrt(d) if scale is None else scale
+    qf = fold_queries(q.astype(np.float32), h_kv, d)
+    limit = causal_limits(S, T_q, G) if causal else None
+    bounds = bounds or [token_range(S, n_ranks, r) for r in range(n_ranks)]
+    partials = [local_attention(qf, resident(k[:, start:stop], h_kv, d),
+                                resident(v[:, start:stop], h_kv, d), scale=scale,
+                                tile=tile, start=start, causal_limit=limit)
+                for start, stop in bounds]
+    if order is None:
+        total = empty_partial(B, h_kv, G * T_q, d)
+        for p in reversed(partials):
+            total = merge(p, total)
+    else:
+        total = order(partials)
+    return unfold_output(finalize(total), T_q), total
