@@ -16,7 +16,7 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import inputs
-from .attention import (causal_limits, finalize, fold_queries, local_attention,
+from .attention import (causal_limits, empty_partial, finalize, fold_queries, local_attention,
                         resident, unfold_output)
 from .config import Config
 from .faults import inject
@@ -98,12 +98,28 @@ def refuse_nonfinite(comm, cfg: Config, start: int, tensors) -> None:
         raise inputs.InputError(f"{found[0]} (pass --allow-nonfinite to accept it)")
 
 
+def warm_up(comm, cfg: Config, steps) -> None:
+    """Send one tiny partial along the reduction's own path, untimed.
+
+    MPI libraries set up a connection on the first message between two ranks; a
+    decode step of a running model finds them set up, so the timed step should too.
+    """
+    tiny = empty_partial(1, 1, 1, 1)
+    if cfg.reduce == "mpi":
+        mpi_reduce(comm, tiny, Traffic())
+    else:
+        run_schedule(comm, tiny, steps, cfg.wire, Traffic())
+
+
 def decode_step(cfg: Config, topo: Topology) -> StepResult:
     """Run one decode step on this rank; the root's result holds the output."""
     comm = topo.comm
     start, stop = rank_tokens(cfg, topo.rank)
     rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
     result = StepResult(None, start, stop, rec)
+    steps = (chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
+             if cfg.reduce == "chain" else tree_schedule(topo.rank, comm.size))
+    warm_up(comm, cfg, steps)
     comm.Barrier()
     rec.start()  # a common origin for every rank's clock
 
@@ -115,6 +131,7 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
                                                 ("v", v_rows, start)])
         q, k, v = operands(cfg, q_in, k_rows, v_rows)
         del k_rows, v_rows
+    comm.Barrier()  # the kernel starts with its slice resident: time it from there
 
     with rec.phase("local_attention", tile=cfg.tile):
         inject("local_attention", topo.rank)
@@ -128,8 +145,6 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
         if cfg.reduce == "mpi":
             partial = mpi_reduce(comm, partial, result.traffic, rec)
         else:
-            steps = (chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
-                     if cfg.reduce == "chain" else tree_schedule(topo.rank, comm.size))
             partial = run_schedule(comm, partial, steps, cfg.wire, result.traffic, rec)
 
     if topo.is_root:

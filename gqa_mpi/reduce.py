@@ -148,7 +148,7 @@ def run_schedule(comm: MPI.Comm, partial: Partial, steps: List[Step], wire: str,
                 bufs = wires.receive_buffers(partial, wire)
                 for name, buf in bufs:
                     t0 = time.perf_counter()
-                    comm.Recv(buf, source=step.peer, tag=wires.TAGS[name])
+                    comm.Recv(wires.as_message(buf), source=step.peer, tag=wires.TAGS[name])
                     recorder.message("recv", step.dir, step.peer, name, buf.nbytes, t0,
                                      time.perf_counter())
                 partial = merge(partial, wires.decode(bufs, partial))
@@ -157,7 +157,7 @@ def run_schedule(comm: MPI.Comm, partial: Partial, steps: List[Step], wire: str,
                 traffic.loss = traffic.loss + loss
                 for name, buf in bufs:
                     t0 = time.perf_counter()
-                    comm.Send(buf, dest=step.peer, tag=wires.TAGS[name])
+                    comm.Send(wires.as_message(buf), dest=step.peer, tag=wires.TAGS[name])
                     traffic.messages += 1
                     traffic.bytes += buf.nbytes
                     recorder.message("send", step.dir, step.peer, name, buf.nbytes, t0,

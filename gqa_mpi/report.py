@@ -145,8 +145,9 @@ def format_report(record: Dict) -> str:
 def build_record(config: Dict, topology: Dict, check: Optional[Dict], per_rank: List[Dict],
                  output: Optional[str]) -> Dict:
     """The run record (also the JSON file) from what every rank reported."""
-    for r in per_rank:  # the decode step proper: all but making or reading the inputs
-        r["timings"]["step"] = r["timings"]["total"] - r["timings"].get("inputs", 0.0)
+    for r in per_rank:  # the decode step proper, from resident slices to the output
+        r["timings"]["step"] = sum(r["timings"].get(p, 0.0)
+                                   for p in ("local_attention", "reduce", "finalize"))
     phases = [p for p in ("inputs", "local_attention", "reduce", "finalize", "step", "total")
               if any(p in r["timings"] for r in per_rank)]
     loss_overflow = sum(r["overflow"] for r in per_rank)

@@ -65,6 +65,12 @@ def receive_buffers(like: Partial, wire: str) -> List[Tuple[str, np.ndarray]]:
     return [(name, np.empty(x.shape, dtype=dtype)) for name, x in zip("mlO", like)]
 
 
+def as_message(buf: np.ndarray):
+    """``buf`` as MPI sees it: float16 travels as its 16-bit patterns (``uint16``),
+    because MPI has no standard float16 datatype (Open MPI 4 refuses one)."""
+    return buf.view(np.uint16) if buf.dtype == np.float16 else buf
+
+
 def decode(bufs: List[Tuple[str, np.ndarray]], like: Partial) -> Partial:
     """The float32 partial held by ``bufs`` (the inverse of :func:`encode`)."""
     if len(bufs) == 1:
