@@ -59,7 +59,7 @@ def naive_attention(q, k, v, scale):
     s = np.matmul(q * np.float32(scale), k.swapaxes(-1, -2))
     s -= s.max(axis=-1, keepdims=True)
     np.exp(s, out=s)
-    return np.matmul(s, v) / s.sum(axis=-1, keepdims=True)[..., :1]
+    return np.matmul(s, v) / s.sum(axis=-1, keepdims=True)
 
 
 def torch_baselines(q, k, v, G, repeats, gqa_limit_bytes):

@@ -23,7 +23,7 @@ from .config import DEFAULT_GRID, REDUCES, WIRES, Config, default_topology
 from .inputs import InputError, inspect_inputs
 from .run import run
 
-EXIT_OK, EXIT_CHECK_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_USAGE = 2
 
 DESCRIPTION = """\
 Emulate one decode step of the accelerator's long-context GQA kernel on MPI.

@@ -88,7 +88,7 @@ def rank_tokens(cfg: Config, rank: int) -> Tuple[int, int]:
     return split(cfg.seq_len, cfg.n_ranks, rank)
 
 
-def refuse_nonfinite(comm, cfg: Config, start: int, tensors) -> None:
+def refuse_nonfinite(comm, tensors) -> None:
     """Raise the same InputError on every rank if any rank's inputs hold NaN or inf."""
     mine = None
     for name, array, offset in tensors:
@@ -127,8 +127,8 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
         inject("inputs", topo.rank)
         q_in, k_rows, v_rows = load_slice(cfg, start, stop)
         if cfg.inputs is not None and not cfg.allow_nonfinite:
-            refuse_nonfinite(comm, cfg, start, [("q", q_in, 0), ("k", k_rows, start),
-                                                ("v", v_rows, start)])
+            refuse_nonfinite(comm, [("q", q_in, 0), ("k", k_rows, start),
+                                    ("v", v_rows, start)])
         q, k, v = operands(cfg, q_in, k_rows, v_rows)
         del k_rows, v_rows
     comm.Barrier()  # the kernel starts with its slice resident: time it from there

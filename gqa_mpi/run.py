@@ -6,9 +6,9 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import inputs, report
+from . import report
 from .config import Config
-from .driver import decode_step
+from .driver import decode_step, load_slice
 from .reference import attention_reference, kernel_reference
 from .topology import Topology
 from .trace import chrome_trace
@@ -28,19 +28,6 @@ def wait_idle(comm: MPI.Comm, root_busy: bool) -> None:
         req.Wait()
 
 
-def global_inputs(cfg: Config):
-    """The whole Q, K, V as the root's reference sees them, ``(B, ., width)``."""
-    if cfg.inputs is None:
-        d = cfg.head_dim
-        q = inputs.generate(cfg.seed, "q", cfg.batch, cfg.queries, cfg.heads_q * d)
-        k, v = (inputs.generate(cfg.seed, n, cfg.batch, cfg.seq_len, cfg.heads_kv * d)
-                for n in "kv")
-        return q, k, v
-    q = inputs.load_q(cfg.inputs)
-    k, v = (inputs.open_rows(cfg.inputs, n, 0, cfg.seq_len) for n in "kv")
-    return q, k, v
-
-
 def check_output(cfg: Config, output: np.ndarray):
     """``(check, vs_exact)`` of the root's output against float64 references.
 
@@ -48,7 +35,7 @@ def check_output(cfg: Config, output: np.ndarray):
     checked against a float64 model of the kernel, and ``vs_exact`` says how far the
     kernel's arithmetic lands from exact attention on the same inputs.
     """
-    q, k, v = global_inputs(cfg)
+    q, k, v = load_slice(cfg, 0, cfg.seq_len)   # the whole of K and V, on the root only
     out = output if cfg.batched else output[None]
     tolerance = report.TOLERANCE[cfg.wire]
     if not cfg.kernel_faithful:

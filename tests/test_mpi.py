@@ -85,28 +85,34 @@ def test_neighbours_short_rows(C, P):
     comm.Free()
 
 
-@pytest.mark.parametrize("C,P", TOPOLOGIES)
-@pytest.mark.parametrize("wire", ["fp32", "kernel", "packed"])
-def test_decode_step_against_reference(C, P, wire):
-    """The whole step on C*P ranks, S_kv not a multiple of the rank count."""
+def check_step(C, P, tolerance, **config):
+    """Run the whole step on C*P ranks (S_kv not a multiple of the rank count) and
+    compare the root's output with the float64 reference."""
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
-        return
+        return None
     S = 37 * C * P + 5
     cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=S, heads_q=8, heads_kv=2,
-                 head_dim=16, queries=2, tile=16, causal=True, seed=C * 100 + P, wire=wire)
+                 head_dim=16, queries=2, tile=16, seed=C * 100 + P, **config)
     topo = Topology(comm, C, P, 4)
     result = decode_step(cfg, topo)
     if comm.rank == 0:
         q, k, v = (inputs.generate(cfg.seed, n, 1, size, width) for n, size, width in
                    (("q", 2, 128), ("k", S, 32), ("v", S, 32)))
-        ref = attention_reference(q[0], k[0], v[0], h_kv=2, causal=True)
-        tol = 2e-3 if wire == "kernel" else 2e-6
-        np.testing.assert_allclose(result.output, ref, atol=tol * np.abs(ref).max())
-    per_hop = 1 if wire == "packed" else 3
-    assert comm.allreduce(result.traffic.messages) == per_hop * (C * P - 1)
+        ref = attention_reference(q[0], k[0], v[0], h_kv=2, causal=cfg.causal)
+        np.testing.assert_allclose(result.output, ref, atol=tolerance * np.abs(ref).max())
+    messages = comm.allreduce(result.traffic.messages)
     topo.free()
     comm.Free()
+    return messages
+
+
+@pytest.mark.parametrize("C,P", TOPOLOGIES)
+@pytest.mark.parametrize("wire", ["fp32", "kernel", "packed"])
+def test_decode_step_against_reference(C, P, wire):
+    messages = check_step(C, P, 2e-3 if wire == "kernel" else 2e-6, wire=wire, causal=True)
+    if messages is not None:
+        assert messages == (1 if wire == "packed" else 3) * (C * P - 1)
 
 
 def test_fewer_tokens_than_ranks():
@@ -192,18 +198,4 @@ def test_trace_follows_spec_schedule(C, P):
 @pytest.mark.parametrize("C,P", [(1, 1), (1, 6), (2, 8), (3, 5), (4, 4)])
 @pytest.mark.parametrize("reduce", ["tree", "mpi"])
 def test_other_reduce_schedules(C, P, reduce):
-    comm = sub_world(C * P)
-    if comm == MPI.COMM_NULL:
-        return
-    S = 29 * C * P + 3
-    cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=S, heads_q=4, heads_kv=2,
-                 head_dim=8, tile=8, seed=7, reduce=reduce)
-    topo = Topology(comm, C, P, 4)
-    result = decode_step(cfg, topo)
-    if comm.rank == 0:
-        q, k, v = (inputs.generate(7, n, 1, size, width) for n, size, width in
-                   (("q", 1, 32), ("k", S, 16), ("v", S, 16)))
-        ref = attention_reference(q[0], k[0], v[0], h_kv=2)
-        np.testing.assert_allclose(result.output, ref, atol=2e-6 * np.abs(ref).max())
-    topo.free()
-    comm.Free()
+    check_step(C, P, 2e-6, reduce=reduce)
