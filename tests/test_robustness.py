@@ -1,6 +1,7 @@
 """Faults, hostile inputs and numerical extremes: clean failure, nothing lost, no hang."""
 import os
 import re
+import signal
 import subprocess
 import time
 
@@ -9,6 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gqa_mpi.attention import merge
+from gqa_mpi.launcher import gqa_command
 from gqa_mpi.reference import attention_reference
 
 from util import distributed, launch, random_inputs, read_json, write_inputs
@@ -17,11 +19,31 @@ MARK = "4242421"          # a seed no other test uses: finds leftover processes
 
 
 def leftovers():
-    out = subprocess.run(["pgrep", "-f", f"--seed {MARK}"], capture_output=True, text=True)
+    """PIDs of processes still running with this test's marker seed."""
+    out = subprocess.run(["pgrep", "-f", "--", f"--seed {MARK}"], capture_output=True,
+                         text=True)
+    assert out.returncode in (0, 1), out.stderr       # 1: nothing matched
     return out.stdout.split()
 
 
 # ---------------------------------------------------------------- faults
+
+def test_leftover_probe_sees_a_live_run():
+    proc = subprocess.Popen(gqa_command(2, ["--seq-len", "200000", "--seed", MARK, "--quiet"]),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not leftovers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert leftovers()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while leftovers() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
 
 @pytest.mark.parametrize("point", ["local_attention", "reduce"])
 def test_sigkill_mid_run_ends_the_job(point):
