@@ -14,18 +14,17 @@ from .topology import Topology
 from .trace import chrome_trace
 
 
-def wait_idle(comm: MPI.Comm, root_busy: bool) -> None:
+def wait_for_root(comm: MPI.Comm) -> None:
     """Hold every rank until the root is done, sleeping rather than busy-polling.
 
     MPI ranks spin while they wait; on an oversubscribed machine the spinning ranks
     would steal the cores the root needs for its float64 check.
     """
     req = comm.Ibarrier()
-    if comm.rank != 0 or not root_busy:
-        while not req.Test():
-            time.sleep(0.005)
-    else:
+    if comm.rank == 0:
         req.Wait()
+    while not req.Test():
+        time.sleep(0.005)
 
 
 def check_output(cfg: Config, output: np.ndarray, m_rounding: float):
@@ -83,7 +82,7 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
             print(report.format_report(record), flush=True)
         failed = (check is not None and not check["passed"]) or record["wire_loss"]["overflow"]
         code = 1 if failed else 0
-    wait_idle(topo.comm, root_busy=True)
+    wait_for_root(topo.comm)
     code = topo.comm.bcast(code, root=0)
     topo.free()
     return code
