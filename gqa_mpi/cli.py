@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 import tempfile
+import threading
 import traceback
 from typing import List, Optional
 
@@ -33,7 +34,7 @@ contiguous slice of the KV cache. It sweeps its slice in tiles with an online
 softmax, then the partials (m, l, O) flow to rank 0 along the kernel's chain:
 leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
 cube to cube (W). Rank 0 normalises, checks O against a float64 reference and
-prints a report. Exit code: 0 passed, 1 check failed, 2 bad input.
+prints a report. Exit code: 0 passed, 1 check failed, 2 bad input, 3 --timeout.
 """
 
 EPILOG = """\
@@ -155,6 +156,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check O against a float64 reference on the root; the root "
                         "then holds all of K and V (default: --check)")
     o.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    o.add_argument("--timeout", type=float, metavar="SECONDS",
+                   help="abort the whole job if a rank has not finished after SECONDS "
+                        "(a watchdog for batch jobs: a stuck rank cannot hold the "
+                        "allocation); default: no limit")
     return p
 
 
@@ -224,7 +229,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
                      wire=args.wire or ("kernel" if args.kernel_faithful else "fp32"),
                      trace=args.trace, trace_tiles=args.trace_tiles,
                      reduce=args.reduce, split=args.split,
-                     allow_nonfinite=args.allow_nonfinite, **fields)
+                     allow_nonfinite=args.allow_nonfinite, timeout=args.timeout,
+                     **fields)
     except ValueError as e:
         raise UsageError(str(e)) from None
     return cfg, args
@@ -240,16 +246,34 @@ def main(argv: Optional[List[str]] = None) -> int:
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
+        watchdog = start_watchdog(comm, cfg.timeout) if cfg.timeout else None
         try:
             return run(comm, cfg, quiet=args.quiet)
         except InputError as e:  # raised on every rank alike (see driver.refuse_nonfinite)
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
+        finally:
+            if watchdog:
+                watchdog.cancel()
     except SystemExit:
         raise
     except BaseException:
         abort(comm)
+
+
+def start_watchdog(comm: MPI.Comm, seconds: float) -> threading.Timer:
+    """Abort every rank if this one is still running after ``seconds``."""
+    def expire():
+        sys.stderr.write(f"gqa_mpi: rank {comm.rank}: not finished after {seconds:g} s "
+                         f"(--timeout), aborting all {comm.size} ranks\n")
+        sys.stderr.flush()
+        comm.Abort(3)
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def abort(comm: MPI.Comm) -> None:

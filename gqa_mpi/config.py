@@ -75,6 +75,8 @@ class Config:
     """Tokens of each rank, in rank order; None for the balanced split."""
     allow_nonfinite: bool = False
     """Accept NaN or inf in input files instead of refusing them."""
+    timeout: Optional[float] = None
+    """Seconds after which a rank that has not finished aborts the whole job."""
 
     def __post_init__(self):
         def positive(name, value):
@@ -105,6 +107,10 @@ class Config:
                              f"got {self.softmax_scale!r}")
         if self.wire not in WIRES:
             raise ValueError(f"--wire must be one of {', '.join(WIRES)}, got {self.wire!r}")
+        if self.timeout is not None and not (math.isfinite(self.timeout)
+                                             and self.timeout > 0):
+            raise ValueError(f"--timeout must be a positive number of seconds, "
+                             f"got {self.timeout!r}")
         if self.reduce not in REDUCES:
             raise ValueError(f"--reduce must be one of {', '.join(REDUCES)}, "
                              f"got {self.reduce!r}")

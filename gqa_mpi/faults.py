@@ -2,8 +2,8 @@
 
 Set ``GQA_MPI_FAULT=KIND:RANK:POINT`` in the environment of a run: when rank RANK
 reaches POINT (``inputs``, ``local_attention``, ``reduce``, ``finalize`` or ``write``,
-the middle of writing an output file) it raises an exception (KIND ``raise``) or kills
-itself with SIGKILL (KIND ``kill``). Unset, this costs one dictionary lookup.
+the middle of writing an output file) it raises an exception (KIND ``raise``), kills
+itself with SIGKILL (KIND ``kill``) or stops making progress for good (KIND ``hang``). Unset, this costs one dictionary lookup.
 Not for production use.
 """
 from __future__ import annotations
@@ -26,4 +26,7 @@ def inject(point: str, rank: int) -> None:
     sys.stderr.flush()
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "hang":
+        while True:
+            time.sleep(3600)
     raise RuntimeError(f"injected fault (GQA_MPI_FAULT={spec})")

@@ -69,6 +69,17 @@ def test_exception_on_one_rank_aborts_all_and_is_printed_once():
     assert leftovers() == []
 
 
+def test_stuck_rank_is_ended_by_the_watchdog():
+    t0 = time.monotonic()
+    proc = launch(8, ["--seq-len", 20000, "--seed", MARK, "--timeout", 4], timeout=60,
+                  env={"GQA_MPI_FAULT": "hang:6:reduce"})
+    assert proc.returncode != 0
+    assert time.monotonic() - t0 < 4 + 20
+    assert "(--timeout), aborting all 8 ranks" in proc.stderr
+    time.sleep(0.5)
+    assert leftovers() == []
+
+
 @pytest.mark.parametrize("kind", ["kill", "raise"])
 def test_interrupted_write_keeps_the_old_file(tmp_path, kind):
     o, j = tmp_path / "o.npy", tmp_path / "r.json"
@@ -172,6 +183,7 @@ ARG_CASES = {
     "unknown wire": (["--wire", "fp8"], "invalid choice"),
     "mpi reduce, f16 wire": (["--reduce", "mpi", "--wire", "kernel"], "needs --reduce chain"),
     "unknown flag": (["--frobnicate"], "unrecognized arguments"),
+    "zero timeout": (["--timeout", 0], "--timeout must be a positive"),
     "split wrong length": (["--split", "1,2,3", "--seq-len", 6], "3 token counts for 2 ranks"),
     "split wrong sum": (["--split", "1,2", "--seq-len", 6], "add up to 3"),
     "split syntax": (["--split", "a,b"], "comma-separated integers"),
