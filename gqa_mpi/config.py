@@ -19,6 +19,11 @@ REDUCES = ("chain", "tree", "mpi")
 DEFAULT_GRID = (2, 4)
 
 
+def tree_depth(size: int) -> int:
+    """Message latencies of a binomial tree over ``size`` ranks: ``ceil(log2 size)``."""
+    return (size - 1).bit_length()
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything one decode step needs; invalid values raise ``ValueError``."""
@@ -199,7 +204,7 @@ class Config:
         if self.reduce == "chain":
             return self.chain_depth
         if self.reduce == "tree":
-            return (self.n_ranks - 1).bit_length()
+            return tree_depth(self.n_ranks)
         return None
 
     def as_dict(self) -> dict:

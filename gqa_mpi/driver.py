@@ -117,8 +117,10 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
     start, stop = rank_tokens(cfg, topo.rank)
     rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
     result = StepResult(None, start, stop, rec)
-    steps = (chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
-             if cfg.reduce == "chain" else tree_schedule(topo.rank, comm.size))
+    steps = {"chain": lambda: chain_schedule(topo.neighbours, topo.cube, topo.pe,
+                                             topo.row, topo.col),
+             "tree": lambda: tree_schedule(topo.rank, comm.size),
+             "mpi": lambda: None}[cfg.reduce]()
     warm_up(comm, cfg, steps)
     comm.Barrier()
     rec.start()  # a common origin for every rank's clock

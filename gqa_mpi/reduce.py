@@ -82,23 +82,11 @@ def tree_schedule(rank: int, size: int) -> List[Step]:
     return steps
 
 
-def tree_depth(size: int) -> int:
-    return (size - 1).bit_length()
-
-
-def _merge_packed(shape_m, shape_O):
-    """An ``MPI.Op`` merging two packed float32 partials ``[m | l | O]``."""
-    nm = int(np.prod(shape_m))
-
+def _merge_packed(like: Partial):
+    """An ``MPI.Op`` merging two packed float32 partials shaped like ``like``."""
     def merge_op(inbuf, inoutbuf, datatype):
-        a = np.frombuffer(inbuf, dtype=np.float32)
-        b = np.frombuffer(inoutbuf, dtype=np.float32)
-
-        def unpack(x):
-            return Partial(x[:nm].reshape(shape_m), x[nm:2 * nm].reshape(shape_m),
-                           x[2 * nm:].reshape(shape_O))
-        merged = merge(unpack(a), unpack(b))
-        b[:nm], b[nm:2 * nm], b[2 * nm:] = merged.m.ravel(), merged.l.ravel(), merged.O.ravel()
+        a, b = (np.frombuffer(x, dtype=np.float32) for x in (inbuf, inoutbuf))
+        b[:] = wires.pack(merge(wires.unpack(a, like), wires.unpack(b, like)))
 
     return MPI.Op.Create(merge_op, commute=True)
 
@@ -110,9 +98,9 @@ def mpi_reduce(comm: MPI.Comm, partial: Partial, traffic: "Traffic",
     MPI picks the message pattern; each rank hands it one packed float32 buffer.
     """
     recorder = recorder or Recorder(comm.rank)
-    send = np.concatenate([partial.m.ravel(), partial.l.ravel(), partial.O.ravel()])
+    send = wires.pack(partial)
     recv = np.empty_like(send) if comm.rank == 0 else None
-    op = _merge_packed(partial.m.shape, partial.O.shape)
+    op = _merge_packed(partial)
     try:
         with recorder.span("MPI_Reduce", "chain"):
             comm.Reduce(send, recv, op=op, root=0)
@@ -122,7 +110,7 @@ def mpi_reduce(comm: MPI.Comm, partial: Partial, traffic: "Traffic",
         traffic.messages += 1
         traffic.bytes += send.nbytes
         return partial
-    return wires.decode([("mlO", recv)], partial)
+    return wires.unpack(recv, partial)
 
 
 class Traffic:

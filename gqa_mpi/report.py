@@ -13,6 +13,9 @@ import numpy as np
 
 from .faults import inject
 
+PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
+"""Timed phases of a run, in order; ``step`` is local attention + reduce + finalize."""
+
 TOLERANCE = {"fp32": 1e-4, "packed": 1e-4, "kernel": 1e-2}
 """Largest accepted ``max_rel_err`` per wire, before the m rounding below. float32
 accumulation over many tiles stays far below 1e-4; the kernel's float16 wire rounds
@@ -159,8 +162,7 @@ def build_record(config: Dict, topology: Dict, check: Optional[Dict], per_rank: 
     for r in per_rank:  # the decode step proper, from resident slices to the output
         r["timings"]["step"] = sum(r["timings"].get(p, 0.0)
                                    for p in ("local_attention", "reduce", "finalize"))
-    phases = [p for p in ("inputs", "local_attention", "reduce", "finalize", "step", "total")
-              if any(p in r["timings"] for r in per_rank)]
+    phases = [p for p in PHASES if any(p in r["timings"] for r in per_rank)]
     loss_overflow = sum(r["overflow"] for r in per_rank)
     return dict(
         config=config,

@@ -36,9 +36,9 @@ import time
 from typing import Dict, Iterable, List, Optional
 
 from .launcher import mpirun_command
+from .report import PHASES
 
 KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid")
-PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
 POINT_KEYS = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_rank",
               "heads_q", "heads_kv", "head_dim", "queries", "batch", "tile", "wire",
               "reduce_schedule", "extra")

@@ -38,11 +38,23 @@ def _dtype(wire: str):
     return np.float16 if wire == "kernel" else np.float32
 
 
+def pack(p: Partial) -> np.ndarray:
+    """``[m | l | O]`` as one contiguous float32 buffer."""
+    return np.concatenate([p.m.ravel(), p.l.ravel(), p.O.ravel()]).astype(np.float32,
+                                                                          copy=False)
+
+
+def unpack(flat: np.ndarray, like: Partial) -> Partial:
+    """The partial held by a :func:`pack` ed buffer, shaped like ``like`` (a view)."""
+    a, b = like.m.size, like.m.size + like.l.size
+    return Partial(flat[:a].reshape(like.m.shape), flat[a:b].reshape(like.l.shape),
+                   flat[b:].reshape(like.O.shape))
+
+
 def encode(p: Partial, wire: str) -> Tuple[List[Tuple[str, np.ndarray]], Loss]:
     """The buffers of one hop, in send order, and what casting to them lost."""
     if wire == "packed":
-        buf = np.concatenate([p.m.ravel(), p.l.ravel(), p.O.ravel()]).astype(np.float32)
-        return [("mlO", buf)], Loss()
+        return [("mlO", pack(p))], Loss()
     dtype = _dtype(wire)
     bufs = [(name, np.ascontiguousarray(x, dtype=dtype)) for name, x in zip("mlO", p)]
     if dtype == np.float32:
@@ -74,8 +86,5 @@ def as_message(buf: np.ndarray):
 def decode(bufs: List[Tuple[str, np.ndarray]], like: Partial) -> Partial:
     """The float32 partial held by ``bufs`` (the inverse of :func:`encode`)."""
     if len(bufs) == 1:
-        flat = bufs[0][1]
-        a, b = like.m.size, like.m.size + like.l.size
-        return Partial(flat[:a].reshape(like.m.shape), flat[a:b].reshape(like.l.shape),
-                       flat[b:].reshape(like.O.shape))
+        return unpack(bufs[0][1], like)
     return Partial(*(b.astype(np.float32) for _, b in bufs))

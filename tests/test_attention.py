@@ -123,7 +123,8 @@ def test_scratch_does_not_grow_with_slice():
 
 @pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 16, 17, 64])
 def test_tree_schedule_is_a_tree_of_depth_log2(n):
-    from gqa_mpi.reduce import tree_depth, tree_schedule
+    from gqa_mpi.config import tree_depth
+    from gqa_mpi.reduce import tree_schedule
     sends = {(r, s.peer) for r in range(n) for s in tree_schedule(r, n) if s.op == "send"}
     recvs = {(s.peer, r) for r in range(n) for s in tree_schedule(r, n) if s.op == "recv"}
     assert sends == recvs and len(sends) == n - 1
