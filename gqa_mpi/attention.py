@@ -89,16 +89,16 @@ def unfold_output(o: np.ndarray, T_q: int) -> np.ndarray:
              .reshape(B, T_q, h_kv * G * d))
 
 
-def resident(rows: np.ndarray, h_kv: int, d: int) -> np.ndarray:
+def resident(rows: np.ndarray, h_kv: int, d: int, dtype=np.float32) -> np.ndarray:
     """Lay out a K or V slice for the tile sweep, once, when it is loaded.
 
     ``(B, S_local, h_kv*d)`` (any float dtype, possibly a memory map) becomes a
-    contiguous float32 ``(B, h_kv, S_local, d)``: every tile of every head is
-    then one contiguous block that BLAS reads without a copy, and float16
-    inputs are converted here rather than once per tile.
+    contiguous ``(B, h_kv, S_local, d)`` of ``dtype`` (float32, or float16 to hold
+    half the bytes as the accelerator does): every tile of every head is then one
+    contiguous block that BLAS reads without a copy.
     """
     B, S_local, _ = rows.shape
-    out = np.empty((B, h_kv, S_local, d), dtype=np.float32)
+    out = np.empty((B, h_kv, S_local, d), dtype=dtype)
     out[...] = rows.reshape(B, S_local, h_kv, d).transpose(0, 2, 1, 3)
     return out
 
@@ -114,8 +114,9 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     ----------
     q : (B, h_kv, R, d) float32
         Folded queries (:func:`fold_queries`).
-    k, v : (B, h_kv, S_local, d) float32
-        The rank's resident slice (:func:`resident`); ``S_local`` may be 0.
+    k, v : (B, h_kv, S_local, d) float32 or float16
+        The rank's resident slice (:func:`resident`); ``S_local`` may be 0. float16
+        tiles are widened to float32 one tile at a time; accumulation is float32.
     scale : float
         Multiplies every score ``q . k``.
     tile : int
@@ -141,12 +142,20 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     width = min(tile, S_local)
     scores_buf = np.empty((B, h_kv, R, width), dtype=np.float32)
     pv = np.empty_like(O)
+    widen = k.dtype != np.float32
+    if widen:
+        k_buf, v_buf = (np.empty((B, h_kv, width, d), dtype=np.float32) for _ in "kv")
     for s0 in range(0, S_local, tile):
         t0 = time.perf_counter() if on_tile else 0.0
         s1 = min(s0 + tile, S_local)
         scores = scores_buf if s1 - s0 == width else np.empty((B, h_kv, R, s1 - s0),
                                                               dtype=np.float32)
-        np.matmul(qs, k[:, :, s0:s1].swapaxes(-1, -2), out=scores)  # (B, h_kv, R, t)
+        k_t, v_t = k[:, :, s0:s1], v[:, :, s0:s1]
+        if widen:
+            k_t, v_t = k_buf[:, :, :s1 - s0], v_buf[:, :, :s1 - s0]
+            np.copyto(k_t, k[:, :, s0:s1])
+            np.copyto(v_t, v[:, :, s0:s1])
+        np.matmul(qs, k_t.swapaxes(-1, -2), out=scores)  # (B, h_kv, R, t)
         if causal_limit is not None and start + s1 - 1 > causal_limit.min():
             hidden = np.arange(start + s0, start + s1)[None, :] > causal_limit[:, None]
             np.copyto(scores, -np.inf, where=hidden)
@@ -158,7 +167,7 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
         l *= alpha
         l += scores.sum(axis=-1)
         O *= alpha[..., None]
-        O += np.matmul(scores, v[:, :, s0:s1], out=pv)
+        O += np.matmul(scores, v_t, out=pv)
         m = m_new
         if on_tile:
             on_tile(s0 // tile, start + s0, start + s1, t0, time.perf_counter())

@@ -20,7 +20,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 from mpi4py import MPI  # noqa: E402
 
 from . import __version__  # noqa: E402
-from .config import DEFAULT_GRID, REDUCES, WIRES, Config, default_topology
+from .config import DEFAULT_GRID, KERNELS, KV_DTYPES, REDUCES, WIRES, Config, default_topology
 from .inputs import InputError, inspect_inputs
 from .run import run
 
@@ -122,6 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     a = p.add_argument_group("attention")
     a.add_argument("--tile", type=int, default=1024, metavar="TOKENS",
                    help="tokens per tile of the local sweep (default 1024)")
+    a.add_argument("--kernel", choices=KERNELS, default="auto",
+                   help="local kernel: fused = the C kernel built at install (one pass per "
+                        "tile, AVX-512/AVX2/portable C picked from the CPU); numpy = the "
+                        "reference tile sweep on BLAS; auto = fused if it loads, else "
+                        "numpy with a note (default auto)")
+    a.add_argument("--kv-dtype", choices=KV_DTYPES,
+                   help="how each rank holds its K and V slice: float16 halves the bytes "
+                        "streamed and the memory held, as on the accelerator; arithmetic "
+                        "stays float32 (default: float16 if k.npy is float16, else float32)")
     a.add_argument("--softmax-scale", type=float, metavar="X",
                    help="score multiplier (default 1/sqrt(head-dim))")
     a.add_argument("--causal", action="store_true",
@@ -209,7 +218,10 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
         raise UsageError(error)
     dims = dict(seq_len=args.seq_len, heads_q=args.heads_q, heads_kv=args.heads_kv,
                 queries=args.queries, batch=args.batch)
+    kv_dtype = args.kv_dtype
     if problem is not None:
+        problem = dict(problem)
+        kv_dtype = kv_dtype or problem.pop("kv_dtype")
         for key, value in dims.items():
             if value is not None and value != problem[key]:
                 flag = "--" + key.replace("_", "-")
@@ -222,7 +234,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
     try:
         cubes, pes = default_topology(comm.size, args.cubes, args.pes, args.grid)
         cfg = Config(cubes=cubes, pes=pes, world_size=comm.size, grid=args.grid,
-                     head_dim=args.head_dim, tile=args.tile,
+                     head_dim=args.head_dim, tile=args.tile, kernel=args.kernel,
+                     kv_dtype=kv_dtype or "float32",
                      softmax_scale=args.softmax_scale, causal=args.causal, seed=args.seed,
                      inputs=args.inputs, output=args.output, json=args.json,
                      check=args.check, kernel_faithful=args.kernel_faithful,

@@ -16,6 +16,12 @@ WIRES = ("fp32", "kernel", "packed")
 REDUCES = ("chain", "tree", "mpi")
 """How the partials reach the root (see :mod:`gqa_mpi.reduce`)."""
 
+KERNELS = ("auto", "fused", "numpy")
+"""The local kernel (see :mod:`gqa_mpi.kernels`)."""
+
+KV_DTYPES = ("float32", "float16")
+"""How a rank holds its resident K and V."""
+
 DEFAULT_GRID = (2, 4)
 
 
@@ -52,6 +58,10 @@ class Config:
     """Whether Q and O carry a batch axis, ``(B, T_q, h_q*d)``."""
     tile: int = 1024
     """TILE_S_KV, tokens per tile of the local sweep."""
+    kernel: str = "auto"
+    """Local kernel: 'auto' (fused if it loads, else numpy), 'fused' (C), 'numpy'."""
+    kv_dtype: str = "float32"
+    """Resident K and V: 'float32', or 'float16' (half the bytes; float32 arithmetic)."""
     softmax_scale: Optional[float] = None
     """Score multiplier; None means ``1/sqrt(d)``."""
     causal: bool = False
@@ -116,6 +126,12 @@ class Config:
                                              and self.timeout > 0):
             raise ValueError(f"--timeout must be a positive number of seconds, "
                              f"got {self.timeout!r}")
+        if self.kernel not in KERNELS:
+            raise ValueError(f"--kernel must be one of {', '.join(KERNELS)}, "
+                             f"got {self.kernel!r}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise ValueError(f"--kv-dtype must be one of {', '.join(KV_DTYPES)}, "
+                             f"got {self.kv_dtype!r}")
         if self.reduce not in REDUCES:
             raise ValueError(f"--reduce must be one of {', '.join(REDUCES)}, "
                              f"got {self.reduce!r}")

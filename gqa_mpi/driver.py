@@ -16,11 +16,11 @@ from typing import Optional, Tuple
 import numpy as np
 
 from . import inputs
-from .attention import (causal_limits, empty_partial, finalize, fold_queries, local_attention,
-                        resident, unfold_output)
+from .attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
 from .config import Config
 from .faults import inject
 from .faithful import kernel_operands, kernel_output
+from .kernels import make_resident, select
 from .reduce import Traffic, chain_schedule, mpi_reduce, run_schedule, tree_schedule
 from .topology import Topology
 from .trace import Recorder
@@ -54,29 +54,41 @@ class StepResult:
     recorder: Recorder
     traffic: Traffic = field(default_factory=Traffic)
     peak_rss_mib: float = 0.0
+    kernel: str = "numpy"
+    """The local kernel that ran (``--kernel auto`` may fall back to numpy)."""
 
 
 def load_slice(cfg: Config, start: int, stop: int):
-    """Q ``(B, T_q, h_q*d)`` and this rank's K, V rows ``(B, stop-start, h_kv*d)``."""
+    """Q ``(B, T_q, h_q*d)`` and this rank's K, V rows ``(B, stop-start, h_kv*d)``.
+
+    K and V are read lazily (generated on slicing, or memory-mapped), so that
+    making them resident never holds the slice twice.
+    """
     d = cfg.head_dim
     if cfg.inputs is None:
         q = inputs.generate(cfg.seed, "q", cfg.batch, cfg.queries, cfg.heads_q * d)
-        k, v = (inputs.generate(cfg.seed, name, cfg.batch, cfg.seq_len,
-                                cfg.heads_kv * d, start, stop) for name in "kv")
+        k, v = (inputs.GeneratedRows(cfg.seed, name, cfg.batch, cfg.seq_len,
+                                     cfg.heads_kv * d, start, stop) for name in "kv")
     else:
         q = inputs.load_q(cfg.inputs)
         k, v = (inputs.open_rows(cfg.inputs, name, start, stop) for name in "kv")
     return q, k, v
 
 
-def operands(cfg: Config, q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray):
-    """Q folded by KV head and the resident K, V slice, as the sweep reads them."""
-    if cfg.kernel_faithful:
-        return kernel_operands(q, k_rows, v_rows, group=cfg.group, d=cfg.head_dim,
-                               tile=cfg.tile)
-    return (fold_queries(q, cfg.heads_kv, cfg.head_dim),
-            resident(k_rows, cfg.heads_kv, cfg.head_dim),
-            resident(v_rows, cfg.heads_kv, cfg.head_dim))
+def operands(cfg: Config, kernel, q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray):
+    """Q folded by KV head and the K, V slice resident in ``kernel``'s layout."""
+    if cfg.kernel_faithful:  # the kernel's reshapes give one float16-valued head
+        q, k_rows, v_rows = kernel_operands(q, k_rows, v_rows, group=cfg.group,
+                                            d=cfg.head_dim, tile=cfg.tile)
+        k_rows, v_rows = k_rows[0], v_rows[0]
+        h_kv, dtype = 1, np.float32
+    else:
+        q = fold_queries(q, cfg.heads_kv, cfg.head_dim)
+        h_kv, dtype = cfg.heads_kv, np.dtype(cfg.kv_dtype)
+    rows = {"k": k_rows, "v": v_rows}
+    k, v = make_resident(kernel, lambda name, i, j: rows[name][:, i:j], k_rows.shape[1],
+                         k_rows.shape[0], h_kv, cfg.head_dim, dtype)
+    return q, k, v
 
 
 def rank_tokens(cfg: Config, rank: int) -> Tuple[int, int]:
@@ -116,7 +128,8 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
     comm = topo.comm
     start, stop = rank_tokens(cfg, topo.rank)
     rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
-    result = StepResult(None, start, stop, rec)
+    kernel, _ = select(cfg.kernel)
+    result = StepResult(None, start, stop, rec, kernel=kernel.name)
     steps = {"chain": lambda: chain_schedule(topo.neighbours, topo.cube, topo.pe,
                                              topo.row, topo.col),
              "tree": lambda: tree_schedule(topo.rank, comm.size),
@@ -131,7 +144,7 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
         if cfg.inputs is not None and not cfg.allow_nonfinite:
             refuse_nonfinite(comm, [("q", q_in, 0), ("k", k_rows, start),
                                     ("v", v_rows, start)])
-        q, k, v = operands(cfg, q_in, k_rows, v_rows)
+        q, k, v = operands(cfg, kernel, q_in, k_rows, v_rows)
         del k_rows, v_rows
     comm.Barrier()  # the kernel starts with its slice resident: time it from there
 
@@ -139,8 +152,8 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
         inject("local_attention", topo.rank)
         limit = (causal_limits(cfg.seq_len, cfg.queries, cfg.group)
                  if cfg.causal else None)
-        partial = local_attention(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
-                                  causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
+        partial = kernel.sweep(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
+                               causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
 
     with rec.phase("reduce", wire=cfg.wire, schedule=cfg.reduce):
         inject("reduce", topo.rank)

@@ -38,6 +38,7 @@ def kernel_operands(q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, *,
         column ``s - t*TILE`` of tile ``t``'s ``(d, tile_s)`` reading.
     """
     T_q = q.shape[1]
+    k_rows, v_rows = np.asarray(k_rows), np.asarray(v_rows)
     S_local = k_rows.shape[1]
     as16 = lambda a: np.asarray(a, dtype=np.float16).astype(np.float32)  # noqa: E731
     qk = as16(np.ravel(q)[:group * T_q * d]).reshape(1, 1, group * T_q, d)

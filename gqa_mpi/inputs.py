@@ -49,6 +49,32 @@ def generate(seed: int, tensor: str, batch: int, n_tokens: int, width: int,
     return out
 
 
+class GeneratedRows:
+    """Rows ``start:stop`` of a generated K or V, drawn only when sliced.
+
+    ``rows[:, i:j]`` gives tokens ``start+i .. start+j`` as float32
+    ``(batch, j-i, width)``; ``np.asarray(rows)`` gives them all. A rank can so make
+    its slice resident a chunk at a time instead of holding it twice.
+    """
+
+    def __init__(self, seed: int, tensor: str, batch: int, n_tokens: int, width: int,
+                 start: int, stop: int):
+        self.args = (seed, tensor, batch, n_tokens, width)
+        self.start = start
+        self.shape = (batch, stop - start, width)
+
+    def __getitem__(self, key):
+        batch, tokens = key
+        if batch != slice(None) or tokens.step not in (None, 1):
+            raise IndexError("GeneratedRows takes [:, i:j] only")
+        i, j, _ = tokens.indices(self.shape[1])
+        return generate(*self.args, self.start + i, self.start + max(i, j))
+
+    def __array__(self, dtype=None, copy=None):
+        out = self[:, 0:self.shape[1]]
+        return out if dtype is None else out.astype(dtype, copy=False)
+
+
 class InputError(ValueError):
     """An input file that cannot be used; the message says which and why."""
 
@@ -89,7 +115,8 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
 
     Returns
     -------
-    dict with ``batch``, ``batched``, ``queries``, ``seq_len``, ``heads_q``, ``heads_kv``.
+    dict with ``batch``, ``batched``, ``queries``, ``seq_len``, ``heads_q``, ``heads_kv``
+    and ``kv_dtype`` (the dtype of k.npy: a float16 cache stays float16 by default).
 
     Raises
     ------
@@ -98,7 +125,7 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
     """
     if not os.path.isdir(directory):
         raise InputError(f"--inputs {directory}: not a directory")
-    shapes = {}
+    shapes, dtypes = {}, {}
     for name in TENSORS:
         path = os.path.join(directory, f"{name}.npy")
         shape, dtype, fortran, _ = _header(path)
@@ -110,6 +137,7 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
         if fortran and len(shape) > 1:
             raise InputError(f"{path}: Fortran order (need C order, row-major)")
         shapes[name] = shape
+        dtypes[name] = dtype
     q, k, v = shapes["q"], shapes["k"], shapes["v"]
     if not len(q) == len(k) == len(v):
         raise InputError(f"q, k, v must all be 2-D or all 3-D, got shapes {q}, {k}, {v}")
@@ -126,7 +154,7 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
             raise InputError(f"{name}.npy shape {shape} is empty")
     return dict(batch=q[0] if len(q) == 3 else 1, batched=len(q) == 3,
                 queries=q[-2], seq_len=k[-2], heads_q=q[-1] // head_dim,
-                heads_kv=k[-1] // head_dim)
+                heads_kv=k[-1] // head_dim, kv_dtype=dtypes["k"].name)
 
 
 def open_rows(directory: str, name: str, start: int, stop: int) -> np.ndarray:

@@ -118,6 +118,12 @@ def format_report(record: Dict) -> str:
         f"split     {record['tokens_per_rank']['min']}..{record['tokens_per_rank']['max']}"
         f" tokens per rank, tile {c['tile']}; wire {c['wire']}",
     ]
+    kern = record.get("kernel")
+    if kern:
+        used = "+".join(kern["used"])
+        isa = f" ({kern['isa']})" if "fused" in kern["used"] else ""
+        lines.append(f"kernel    {used}{isa}; K/V resident as {c['kv_dtype']}"
+                     + (f"; NOTE {kern['fallback']}" if kern["fallback"] else ""))
     chk = record["check"]
     faithful = c["kernel_faithful"]
     if chk is None:
@@ -125,6 +131,8 @@ def format_report(record: Dict) -> str:
     else:
         verdict = "PASSED" if chk["passed"] else "FAILED"
         against = "a float64 model of the kernel" if faithful else "float64 reference"
+        if not faithful and c["kv_dtype"] == "float16":
+            against += " on the float16 K/V the ranks hold"
         lines.append(f"check     max_abs_err={chk['max_abs_err']:.3g} "
                      f"max_rel_err={chk['max_rel_err']:.3g} (tolerance "
                      f"{chk['tolerance']:.3g}) vs {against}: {verdict}")

@@ -1,0 +1,185 @@
+/* gqa_mpi._fused: the fused local attention kernel (one pass over K and V per tile).
+ *
+ * sweep(q, k, v, m, l, O, lo, hi, tile, row_hi)
+ *   q    (B, H, R, d) float32, scores' scale already applied
+ *   k    (B, H, nb, d, 16) float32 or float16: K in blocks of 16 tokens, transposed
+ *   v    (B, H, S, d) same dtype as k, S <= 16 * nb
+ *   m, l (B, H, R) float32 and O (B, H, R, d) float32: the running partial, updated
+ *   lo, hi   tokens [lo, hi) of the slice to sweep; tiles start at lo
+ *   tile     tokens per tile
+ *   row_hi   None, or (R,) int64: row r sees slice tokens < row_hi[r] (causal mask)
+ *
+ * The arithmetic is compiled three times (_sweep.h) and picked at import from what
+ * the CPU supports: AVX-512, AVX2 with FMA and F16C, or portable C. No NumPy C API:
+ * arrays arrive through the buffer protocol, so the build needs only a C compiler.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GQA_X86 1
+#include <immintrin.h>
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx2,fma,f16c")
+#define VL 16
+#define ACC 16
+#define SUFFIX avx512
+#include "_sweep.h"
+#undef VL
+#undef ACC
+#undef SUFFIX
+#pragma GCC pop_options
+
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#define VL 8
+#define ACC 8
+#define SUFFIX avx2
+#include "_sweep.h"
+#undef VL
+#undef ACC
+#undef SUFFIX
+#pragma GCC pop_options
+#endif
+
+#define VL 4
+#define ACC 8
+#define SUFFIX generic
+#include "_sweep.h"
+#undef VL
+#undef ACC
+#undef SUFFIX
+
+typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
+                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
+                         float *, float *, float *, float *, Py_ssize_t);
+
+static sweep_fn chosen = sweep_head_generic;
+static const char *chosen_name = "generic";
+
+static int is_f32(const Py_buffer *b) { return b->itemsize == 4 && b->format && !strcmp(b->format, "f"); }
+static int is_f16(const Py_buffer *b) { return b->itemsize == 2 && b->format && !strcmp(b->format, "e"); }
+static int is_i64(const Py_buffer *b) {
+    return b->itemsize == 8 && b->format && (!strcmp(b->format, "l") || !strcmp(b->format, "q"));
+}
+
+static PyObject *sweep(PyObject *self, PyObject *args) {
+    PyObject *objs[7];
+    Py_ssize_t lo, hi, tile;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnO", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5], &lo, &hi, &tile, &objs[6]))
+        return NULL;
+    Py_buffer b[7];
+    int got = 0;
+    PyObject *result = NULL;
+    const int flags[7] = {PyBUF_C_CONTIGUOUS | PyBUF_FORMAT, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT,
+                          PyBUF_C_CONTIGUOUS | PyBUF_FORMAT,
+                          PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE,
+                          PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE,
+                          PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | PyBUF_WRITABLE,
+                          PyBUF_C_CONTIGUOUS | PyBUF_FORMAT};
+    const int n_bufs = objs[6] == Py_None ? 6 : 7;
+    for (; got < n_bufs; got++)
+        if (PyObject_GetBuffer(objs[got], &b[got], flags[got]) < 0) goto done;
+    Py_buffer *q = &b[0], *k = &b[1], *v = &b[2], *m = &b[3], *l = &b[4], *O = &b[5];
+#define REQUIRE(cond, msg) if (!(cond)) { PyErr_SetString(PyExc_ValueError, msg); goto done; }
+    REQUIRE(q->ndim == 4 && k->ndim == 5 && v->ndim == 4 && m->ndim == 3 && l->ndim == 3
+            && O->ndim == 4, "sweep: q, k, v, m, l, O must be 4-, 5-, 4-, 3-, 3-, 4-D");
+    const Py_ssize_t B = q->shape[0], H = q->shape[1], R = q->shape[2], d = q->shape[3];
+    const Py_ssize_t nb = k->shape[2], S = v->shape[2];
+    REQUIRE(is_f32(q) && is_f32(m) && is_f32(l) && is_f32(O), "sweep: q, m, l, O must be float32");
+    const int half = is_f16(k);
+    REQUIRE((half && is_f16(v)) || (is_f32(k) && is_f32(v)),
+            "sweep: k and v must both be float32 or both float16");
+    REQUIRE(k->shape[0] == B && k->shape[1] == H && k->shape[3] == d && k->shape[4] == 16
+            && v->shape[0] == B && v->shape[1] == H && v->shape[3] == d && S <= 16 * nb
+            && m->shape[0] == B && m->shape[1] == H && m->shape[2] == R
+            && l->shape[0] == B && l->shape[1] == H && l->shape[2] == R
+            && O->shape[0] == B && O->shape[1] == H && O->shape[2] == R && O->shape[3] == d,
+            "sweep: shapes do not agree");
+    REQUIRE(0 <= lo && lo <= hi && hi <= S && tile >= 1 && S < INT32_MAX - 64,
+            "sweep: need 0 <= lo <= hi <= S < 2**31 and tile >= 1");
+    const Py_ssize_t *row_hi = NULL;
+    if (n_bufs == 7) {
+        REQUIRE(b[6].ndim == 1 && b[6].shape[0] == R && is_i64(&b[6]), "sweep: row_hi must be (R,) int64");
+        row_hi = (const Py_ssize_t *)b[6].buf;
+    }
+    if (hi > lo && R > 0 && d > 0) {
+        const Py_ssize_t sw = 16 * ((tile + 15) / 16 + 1);  /* a tile spans at most this */
+        float *scratch = NULL;  /* scores, weights, rows and O of one tile: 8*(2*sw + 2*d) */
+        if (posix_memalign((void **)&scratch, 64, sizeof(float) * 16 * (size_t)(sw + d))) {
+            PyErr_NoMemory();
+            goto done;
+        }
+        const size_t es = half ? 2 : 4;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t h = 0; h < B * H; h++)
+            chosen((const float *)q->buf + h * R * d,
+                   (const char *)k->buf + (size_t)h * nb * d * 16 * es,
+                   (const char *)v->buf + (size_t)h * S * d * es, half, R, d, lo, hi, tile,
+                   row_hi, (float *)m->buf + h * R, (float *)l->buf + h * R,
+                   (float *)O->buf + h * R * d, scratch, sw);
+        Py_END_ALLOW_THREADS
+        free(scratch);
+    }
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    return result;
+#undef REQUIRE
+}
+
+/* Point `chosen` at the best path the CPU runs, no better than `want` (NULL: best). */
+static int pick(const char *want) {
+    const int rank = !want ? 3 : !strcmp(want, "avx512") ? 3 : !strcmp(want, "avx2") ? 2
+                   : !strcmp(want, "generic") ? 1 : 0;
+    if (!rank) return -1;
+    chosen = sweep_head_generic;
+    chosen_name = "generic";
+#ifdef GQA_X86
+    __builtin_cpu_init();
+    if (rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+        chosen = sweep_head_avx512;
+        chosen_name = "avx512";
+    } else if (rank >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
+               && __builtin_cpu_supports("f16c")) {
+        chosen = sweep_head_avx2;
+        chosen_name = "avx2";
+    }
+#endif
+    return 0;
+}
+
+static PyObject *use(PyObject *self, PyObject *arg) {
+    const char *want = PyUnicode_AsUTF8(arg);
+    if (!want) return NULL;
+    if (pick(want) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown instruction set %R (avx512, avx2, generic)", arg);
+        return NULL;
+    }
+    return PyUnicode_FromString(chosen_name);
+}
+
+static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
+
+static PyMethodDef methods[] = {
+    {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi): see the module source"},
+    {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
+                         "this CPU supports; returns the one chosen"},
+    {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
+                                    "The fused local attention kernel of gqa_mpi.", -1, methods};
+
+PyMODINIT_FUNC PyInit__fused(void) {
+    const char *want = getenv("GQA_MPI_ISA");  /* benchmarks may pin a slower path */
+    if (pick(want && *want ? want : NULL) < 0) pick(NULL);
+    return PyModule_Create(&module);
+}

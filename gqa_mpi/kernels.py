@@ -1,0 +1,158 @@
+"""The local kernels: the NumPy tile sweep (the reference) and the fused C kernel.
+
+No MPI here. Both compute the same partial ``(m, l, O)`` of one rank's slice
+(:func:`gqa_mpi.attention.local_attention` is the NumPy one); they differ in how the
+resident slice is laid out and in speed:
+
+=======  ======================================================================
+numpy    K and V as ``(B, h_kv, S_local, d)``; two BLAS products per tile with
+         M = G*T_q rows; float16 K/V are widened one tile at a time
+fused    ``gqa_mpi._fused`` (C, built at install): K in blocks of 16 tokens laid
+         out ``(d, 16)``, V as ``(B, h_kv, S_local, d)``; one pass per tile does
+         scores, online softmax and P @ V with each K and V value read once for
+         all G*T_q rows; float16 K/V widened in registers. AVX-512, AVX2+FMA+F16C
+         or portable C, picked at import from the CPU
+=======  ======================================================================
+
+``--kernel auto`` takes ``fused`` when it loads, else ``numpy`` with one line saying
+why (:func:`select`).
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional, Tuple
+
+import numpy as np
+
+from .attention import Partial, empty_partial, local_attention
+from .config import KERNELS
+
+try:
+    from . import _fused
+    FUSED_ERROR: Optional[str] = None
+except ImportError as e:  # not built (no compiler at install) or not loadable here
+    _fused = None
+    FUSED_ERROR = f"gqa_mpi._fused is not available ({e})"
+
+BLOCK = 16
+"""Tokens per K block of the fused layout (one AVX-512 vector of scores)."""
+
+
+
+def isa() -> str:
+    """The instruction set the fused kernel runs on here, or 'none'."""
+    return _fused.isa() if _fused is not None else "none"
+
+
+def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
+    """An empty K of ``S`` tokens in the fused layout, ``(B, h_kv, ceil(S/16), d, 16)``.
+
+    Token ``16*b + j`` of head ``h`` is ``out[:, h, b, :, j]``; the tail of the last
+    block stays zero (the kernel never reads it as a token).
+    """
+    return np.zeros((B, h_kv, -(-S // BLOCK), d, BLOCK), dtype=dtype)
+
+
+def put_key_blocks(out: np.ndarray, rows: np.ndarray, at: int) -> None:
+    """Write ``rows`` ``(B, n, h_kv*d)`` as tokens ``at .. at+n`` of a :func:`key_blocks`
+    array; ``at`` is a multiple of 16."""
+    B, n, _ = rows.shape
+    h_kv, d = out.shape[1], out.shape[3]
+    full, tail = divmod(n, BLOCK)
+    b = at // BLOCK
+    out[:, :, b:b + full] = (rows[:, :full * BLOCK].reshape(B, full, BLOCK, h_kv, d)
+                             .transpose(0, 3, 1, 4, 2))
+    if tail:
+        out[:, :, b + full, :, :tail] = (rows[:, full * BLOCK:].reshape(B, tail, h_kv, d)
+                                         .transpose(0, 2, 3, 1))
+
+
+def put_rows(out: np.ndarray, rows: np.ndarray, at: int) -> None:
+    """Write ``rows`` ``(B, n, h_kv*d)`` as tokens ``at .. at+n`` of a resident
+    ``(B, h_kv, S, d)`` array (the layout of :func:`gqa_mpi.attention.resident`)."""
+    B, n, _ = rows.shape
+    h_kv, d = out.shape[1], out.shape[3]
+    out[:, :, at:at + n] = rows.reshape(B, n, h_kv, d).transpose(0, 2, 1, 3)
+
+
+class NumpyKernel:
+    """The reference sweep of :mod:`gqa_mpi.attention` (BLAS products per tile)."""
+
+    name = "numpy"
+    sweep = staticmethod(local_attention)
+
+    @staticmethod
+    def empty_k(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
+        return np.empty((B, h_kv, S, d), dtype=dtype)
+
+    put_k = staticmethod(put_rows)
+
+
+class FusedKernel:
+    """The C kernel: one pass per tile, each K and V value read once for all rows."""
+
+    name = "fused"
+    empty_k = staticmethod(key_blocks)
+    put_k = staticmethod(put_key_blocks)
+
+    @staticmethod
+    def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
+              tile: int = 1024, start: int = 0, causal_limit: Optional[np.ndarray] = None,
+              on_tile: Optional[Callable] = None) -> Partial:
+        """Same contract as :func:`gqa_mpi.attention.local_attention`; ``k`` in the
+        :func:`key_blocks` layout, ``v`` resident, both float32 or both float16."""
+        B, h_kv, R, d = q.shape
+        S_local = v.shape[2]
+        qs = np.ascontiguousarray(q * np.float32(scale), dtype=np.float32)
+        p = empty_partial(B, h_kv, R, d)
+        row_hi = None
+        if causal_limit is not None:
+            row_hi = np.clip(np.asarray(causal_limit, dtype=np.int64) - start + 1,
+                             0, S_local).astype(np.int64)
+        if on_tile is None:
+            _fused.sweep(qs, k, v, p.m, p.l, p.O, 0, S_local, tile, row_hi)
+            return p
+        for s0 in range(0, S_local, tile):
+            s1 = min(s0 + tile, S_local)
+            t0 = time.perf_counter()
+            _fused.sweep(qs, k, v, p.m, p.l, p.O, s0, s1, tile, row_hi)
+            on_tile(s0 // tile, start + s0, start + s1, t0, time.perf_counter())
+        return p
+
+
+CHUNK = 8192
+"""Tokens converted at a time when a slice is made resident (a multiple of 16)."""
+
+
+def make_resident(kernel, rows: Callable[[str, int, int], np.ndarray], n: int, B: int,
+                  h_kv: int, d: int, dtype) -> Tuple[np.ndarray, np.ndarray]:
+    """K and V of an ``n``-token slice in ``kernel``'s layout, as ``dtype``.
+
+    ``rows(name, i, j)`` gives tokens ``i:j`` of the slice as ``(B, j-i, h_kv*d)`` in
+    any float dtype (generated, or a memory map). They are converted ``CHUNK`` tokens
+    at a time, so loading never holds more than the resident slice and one chunk.
+    """
+    k = kernel.empty_k(n, B, h_kv, d, dtype)
+    v = np.empty((B, h_kv, n, d), dtype=dtype)
+    for i in range(0, n, CHUNK):
+        j = min(i + CHUNK, n)
+        kernel.put_k(k, rows("k", i, j), i)
+        put_rows(v, rows("v", i, j), i)
+    return k, v
+
+
+def select(name: str):
+    """``(kernel, note)`` for ``--kernel name``; ``note`` says why auto fell back.
+
+    Raises ValueError when ``fused`` is asked for and cannot load.
+    """
+    if name not in KERNELS:
+        raise ValueError(f"--kernel must be one of {', '.join(KERNELS)}, got {name!r}")
+    if name == "numpy":
+        return NumpyKernel, None
+    if _fused is not None:
+        return FusedKernel, None
+    if name == "fused":
+        raise ValueError(f"--kernel fused: {FUSED_ERROR}; reinstall with a C compiler "
+                         f"(pip install -e .) or use --kernel numpy")
+    return NumpyKernel, f"fused kernel unavailable, using the NumPy sweep: {FUSED_ERROR}"
