@@ -181,8 +181,9 @@ def causal_limits(S_kv: int, T_q: int, G: int) -> np.ndarray:
 
 
 def finalize(p: Partial) -> np.ndarray:
-    """``O / l`` as float32; rows that saw no key (``l == 0``) give zeros, not NaN."""
+    """``O / l`` as float32; rows that saw no key (``l == 0``) give zeros, and a NaN
+    anywhere in a row's partial stays NaN (it is never turned into a zero)."""
     l = p.l[..., None]
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(l > 0, p.O / np.where(l > 0, l, 1), 0)
+        out = np.where(l == 0, np.float32(0), p.O / np.where(l == 0, 1, l))
     return out.astype(np.float32, copy=False)

@@ -3,11 +3,13 @@
 Everything is measured in one process, in one run, on the same data, with one BLAS
 thread, and printed as a ratio to a baseline measured alongside it:
 
-- the local tiled attention (the code path the real run uses) against the roofline
-  limit, ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
-  both measured here; with the scratch high-water mark of the sweep;
+- both local kernels (the fused C kernel and the NumPy reference sweep) against the
+  limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
+  both measured here, for float32 and float16 resident K/V (each with its own read
+  time); with the scratch high-water mark of the sweep (flat in S_local);
 - a naive NumPy attention (no tiling) and, when PyTorch is installed, PyTorch SDPA in
-  float32 with the query groups folded into the query axis and with ``enable_gqa``;
+  float32 with the query groups folded into the query axis and with ``enable_gqa``,
+  each as its time over ours (above 1: we are faster);
 - from real ``mpirun`` launches: reduction time against local time per schedule and
   wire, and the start-up cost of a tiny 16-rank run against the bare imports.
 
@@ -32,6 +34,7 @@ from typing import Callable, Dict, List  # noqa: E402
 
 import numpy as np  # noqa: E402
 
+from . import kernels  # noqa: E402
 from .attention import fold_queries, local_attention  # noqa: E402
 from .launcher import gqa_command, mpirun_command  # noqa: E402
 from .report import write_json  # noqa: E402
@@ -82,42 +85,69 @@ def torch_baselines(q, k, v, G, repeats, gqa_limit_bytes):
     return out
 
 
+def read_time(arrays, repeats: int) -> float:
+    """Seconds to stream every byte of ``arrays`` once: the faster of a sum and a BLAS
+    dot over the bytes seen as float32 (a float16 array is read as half as many)."""
+    flat = [a.reshape(-1).view(np.float32) for a in arrays]
+    with np.errstate(all="ignore"):
+        return min(best_of(lambda: [x.sum() for x in flat], repeats),
+                   best_of(lambda: [np.dot(x, x) for x in flat], repeats))
+
+
+def fused_scratch_bytes(tile: int, d: int) -> int:
+    """The C kernel's own scratch (see _fused.c): 16 * (16*(ceil(tile/16)+1) + d) floats."""
+    return 4 * 16 * (16 * (-(-tile // 16) + 1) + d)
+
+
 def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
                 d: int, repeats: int, torch_gqa_limit: int) -> List[Dict]:
+    """Per S_local, G, K/V dtype and tile: the fused and NumPy sweeps over the limit,
+    and PyTorch SDPA (float32) over the fused sweep, all on the same data."""
     rate = peak_sgemm_rate(repeats)
     rng = np.random.default_rng(0)
+    fused = kernels.FusedKernel if kernels.FUSED_ERROR is None else None
     rows = []
     for S in tokens:
-        k = rng.standard_normal((1, h_kv, S, d), dtype=np.float32)
-        v = rng.standard_normal((1, h_kv, S, d), dtype=np.float32)
-        kf, vf = k.reshape(-1), v.reshape(-1)
-        # the faster of two streaming reads of every resident byte: a sum and a BLAS dot
-        read = min(best_of(lambda: (kf.sum(), vf.sum()), repeats),
-                   best_of(lambda: (np.dot(kf, kf), np.dot(vf, vf)), repeats))
-        for G in groups:
-            q = fold_queries(rng.standard_normal((1, 1, h_kv * G * d), dtype=np.float32),
-                             h_kv, d)
-            scale = 1 / np.sqrt(d)
-            flop = 4 * S * h_kv * G * d / rate
-            limit = max(read, flop)
-            base = dict(G=G, S_local=S, read_s=read, flop_s=flop, limit_s=limit,
-                        sgemm_gflops=rate / 1e9)
-            baselines = {"naive_numpy": best_of(lambda: naive_attention(q, k, v, scale),
-                                                repeats)}
-            baselines.update(torch_baselines(q, k, v, G, repeats, torch_gqa_limit))
-            for tile in tiles:
-                tracemalloc.start()
-                local_attention(q, k, v, scale=scale, tile=tile)
-                scratch = tracemalloc.get_traced_memory()[1]
-                tracemalloc.stop()
-                t = best_of(lambda: local_attention(q, k, v, scale=scale, tile=tile),
-                            repeats)
-                row = dict(base, tile=tile, local_s=t, local_over_limit=t / limit,
-                           scratch_bytes=scratch)
-                for name, bt in baselines.items():
-                    row[f"{name}_s"] = bt
-                    row[f"{name}_over_local"] = bt / t
-                rows.append(row)
+        k_rows, v_rows = (rng.standard_normal((1, S, h_kv * d), dtype=np.float32)
+                          for _ in "kv")
+        for dtype in ("float32", "float16"):
+            src = {"k": k_rows, "v": v_rows}
+            held = {kern.name: kernels.make_resident(kern, lambda n, i, j: src[n][:, i:j],
+                                                     S, 1, h_kv, d, np.dtype(dtype))
+                    for kern in (kernels.NumpyKernel, fused) if kern is not None}
+            read = read_time(held["numpy"], repeats)
+            for G in groups:
+                q = fold_queries(rng.standard_normal((1, 1, h_kv * G * d), dtype=np.float32),
+                                 h_kv, d)
+                scale = 1 / np.sqrt(d)
+                flop = 4 * S * h_kv * G * d / rate
+                limit = max(read, flop)
+                base = dict(G=G, S_local=S, kv_dtype=dtype, read_s=read, flop_s=flop,
+                            limit_s=limit, sgemm_gflops=rate / 1e9)
+                baselines = {}
+                if dtype == "float32":
+                    k32, v32 = held["numpy"]
+                    baselines["naive_numpy"] = best_of(
+                        lambda: naive_attention(q, k32, v32, scale), repeats)
+                    baselines.update(torch_baselines(q, k32, v32, G, repeats, torch_gqa_limit))
+                for tile in tiles:
+                    row = dict(base, tile=tile)
+                    for name, (k, v) in held.items():
+                        sweep = kernels.FusedKernel.sweep if name == "fused" else local_attention
+                        tracemalloc.start()
+                        sweep(q, k, v, scale=scale, tile=tile)
+                        scratch = tracemalloc.get_traced_memory()[1]
+                        tracemalloc.stop()
+                        if name == "fused":
+                            scratch += fused_scratch_bytes(tile, d)
+                        t = best_of(lambda: sweep(q, k, v, scale=scale, tile=tile), repeats)
+                        row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
+                                    f"{name}_scratch_bytes": scratch})
+                    ours = row.get("fused_s", row["numpy_s"])
+                    for name, bt in baselines.items():
+                        row[f"{name}_s"] = bt
+                        row[f"{name}_over_ours"] = bt / ours
+                    rows.append(row)
     return rows
 
 
@@ -160,8 +190,10 @@ def startup(repeats: int, timeout: int) -> Dict:
     imports = wall([py, "-c", "import gqa_mpi.cli"])
     mpi_imports = wall(mpirun_command(16, [py, "-c", "import gqa_mpi.cli"]))
     tiny = wall(gqa_command(16, ["--seq-len", "1024", "--no-check", "--quiet"]))
+    default = wall(gqa_command(16, ["--quiet"]))
     return dict(python_s=bare, import_s=imports - bare, mpirun16_imports_s=mpi_imports,
-                mpirun16_tiny_run_s=tiny, run_over_imports=tiny / mpi_imports)
+                mpirun16_tiny_run_s=tiny, run_over_imports=tiny / mpi_imports,
+                mpirun16_default_run_s=default)
 
 
 def _sizes(text: str) -> List[int]:
@@ -176,20 +208,26 @@ def _sizes(text: str) -> List[int]:
 def print_tables(result: Dict) -> None:
     local = result["local"]
     if local:
-        print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1, "
-              f"float32 resident (B, h_kv, S, d); peak sgemm "
-              f"{local[0]['sgemm_gflops']:.0f} GFLOP/s")
-        extra = [k[:-len("_over_local")] for k in local[0] if k.endswith("_over_local")]
-        head = (f"{'G':>2} {'S_local':>8} {'tile':>5} {'local ms':>9} {'read ms':>8} "
-                f"{'flop ms':>8} {'local/limit':>11} {'scratch KiB':>11}  "
-                + "  ".join(f"{e + '/local':>16}" for e in extra))
+        print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
+              f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} "
+              f"GFLOP/s")
+        print("  limit = max(read the resident K and V once, flops at peak sgemm), per "
+              "K/V dtype;\n  X/limit: 1.0 is the limit, lower is impossible, higher is "
+              "slower; torch/ours: above 1 we are faster")
+        extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
+        head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
+                f"{'flop ms':>8} {'fused ms':>9} {'fused/limit':>11} {'numpy ms':>9} "
+                f"{'numpy/limit':>11} {'scratch KiB':>11}  "
+                + "  ".join(f"{e + '/ours':>17}" for e in extra))
         print(head)
+        nan = float("nan")
         for r in local:
-            print(f"{r['G']:>2} {r['S_local']:>8} {r['tile']:>5} {r['local_s'] * 1e3:>9.2f} "
+            print(f"{r['G']:>2} {r['S_local']:>8} {r['kv_dtype']:>7} {r['tile']:>5} "
                   f"{r['read_s'] * 1e3:>8.2f} {r['flop_s'] * 1e3:>8.2f} "
-                  f"{r['local_over_limit']:>11.2f} {r['scratch_bytes'] / 1024:>11.0f}  "
-                  + "  ".join(f"{r.get(e + '_over_local', float('nan')):>16.2f}"
-                              for e in extra))
+                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_over_limit', nan):>11.2f} "
+                  f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
+                  f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
+                  + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
     if result.get("reduction"):
         print("\nreduction from real mpirun launches (max over ranks)")
         print(f"{'ranks':>5} {'reduce':>6} {'wire':>6} {'hops':>4} {'reduce ms':>9} "
@@ -213,9 +251,9 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m gqa_mpi.bench", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", default="1K,8K,32K,64K,256K",
+    p.add_argument("--tokens", default="8K,64K,256K",
                    help="slice lengths S_local, e.g. 8K,64K (default %(default)s)")
-    p.add_argument("--tiles", default="256,1024,4096", help="tile widths (default %(default)s)")
+    p.add_argument("--tiles", default="1024", help="tile widths (default %(default)s)")
     p.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv values (default %(default)s)")
     p.add_argument("--heads-kv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -240,7 +278,7 @@ def main(argv=None) -> int:
         ranks = [] if args.ranks == "none" else _sizes(args.ranks)
     except ValueError as e:
         p.error(f"bad list: {e}")
-    result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1)
+    result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1, isa=kernels.isa())
     result["local"] = local_table(tokens, tiles, groups, args.heads_kv, args.head_dim,
                                   args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
     result["reduction"] = reduction_table(ranks, args.tokens_per_rank, args.timeout)

@@ -9,8 +9,9 @@ def test_bench_quick_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", "--quick", "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
-    assert "local/limit" in proc.stdout and "reduce/local" in proc.stdout
+    assert "fused/limit" in proc.stdout and "reduce/local" in proc.stdout
     rec = json.loads(out.read_text())
     assert {r["tile"] for r in rec["local"]} == {256, 1024}
+    assert {r["kv_dtype"] for r in rec["local"]} == {"float32", "float16"}
     assert all("error" not in r for r in rec["reduction"])
     assert {r["reduce"] for r in rec["reduction"]} == {"chain", "tree", "mpi"}

@@ -10,6 +10,7 @@ import sys
 import numpy as np
 import pytest
 
+from gqa_mpi import kernels
 from gqa_mpi.reference import attention_reference
 
 from util import launch, random_inputs, read_json, write_inputs
@@ -29,6 +30,8 @@ def test_default_run_reports_and_passes(tmp_path):
     assert rec["messages"]["count"] == 3 * 15
     assert len(rec["memory"]["per_rank_mib"]) == 16
     assert rec["config"]["cubes"] == 2 and rec["config"]["pes"] == 8
+    want = ["numpy"] if kernels.FUSED_ERROR else ["fused"]
+    assert rec["kernel"]["used"] == want and rec["config"]["kernel"] == "auto"
 
 
 @pytest.mark.parametrize("C,P", [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4)])
@@ -38,10 +41,12 @@ def test_file_inputs_against_reference(tmp_path, C, P):
     q, k, v = random_inputs(rng, S=S, h_q=8, h_kv=2, d=16, T_q=3, B=2,
                             dtype=np.float16 if P % 2 else np.float32)
     d = write_inputs(tmp_path / "in", q, k, v)
-    o = tmp_path / "o.npy"
+    o, rec = tmp_path / "o.npy", tmp_path / "run.json"
     proc = launch(C * P, ["--cubes", C, "--pes", P, "--inputs", d, "--head-dim", 16,
-                          "--tile", 32, "--causal", "--output", o])
+                          "--tile", 32, "--causal", "--output", o, "--json", rec])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    # a float16 cache stays float16 on the ranks unless --kv-dtype says otherwise
+    assert read_json(rec)["config"]["kv_dtype"] == ("float16" if P % 2 else "float32")
     got = np.load(o)
     assert got.shape == q.shape and got.dtype == np.float32
     ref = attention_reference(q, k, v, h_kv=2, causal=True)

@@ -10,7 +10,7 @@ import pytest
 mpi4py = pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
-from gqa_mpi import inputs  # noqa: E402
+from gqa_mpi import inputs, kernels  # noqa: E402
 from gqa_mpi.config import Config  # noqa: E402
 from gqa_mpi.driver import decode_step  # noqa: E402
 from gqa_mpi.reduce import chain_schedule  # noqa: E402
@@ -99,6 +99,8 @@ def check_step(C, P, tolerance, **config):
     if comm.rank == 0:
         q, k, v = (inputs.generate(cfg.seed, n, 1, size, width) for n, size, width in
                    (("q", 2, 128), ("k", S, 32), ("v", S, 32)))
+        if cfg.kv_dtype == "float16":  # what the ranks hold
+            k, v = k.astype(np.float16), v.astype(np.float16)
         ref = attention_reference(q[0], k[0], v[0], h_kv=2, causal=cfg.causal)
         np.testing.assert_allclose(result.output, ref, atol=tolerance * np.abs(ref).max())
     messages = comm.allreduce(result.traffic.messages)
@@ -113,6 +115,15 @@ def test_decode_step_against_reference(C, P, wire):
     messages = check_step(C, P, 2e-3 if wire == "kernel" else 2e-6, wire=wire, causal=True)
     if messages is not None:
         assert messages == (1 if wire == "packed" else 3) * (C * P - 1)
+
+
+@pytest.mark.parametrize("C,P", [(2, 8), (3, 5), (1, 6)])
+@pytest.mark.parametrize("kernel,kv_dtype", [("numpy", "float32"), ("numpy", "float16"),
+                                             ("fused", "float32"), ("fused", "float16")])
+def test_local_kernels_and_resident_dtypes(C, P, kernel, kv_dtype):
+    if kernel == "fused" and kernels.FUSED_ERROR:
+        pytest.skip(kernels.FUSED_ERROR)
+    check_step(C, P, 2e-6, kernel=kernel, kv_dtype=kv_dtype, causal=True)
 
 
 def test_fewer_tokens_than_ranks():
