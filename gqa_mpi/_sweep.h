@@ -75,7 +75,15 @@ static inline __attribute__((always_inline)) VF NAME(vexp)(VF x) {
  * (sw x RB), qt the rows transposed (d x RB), ot the tile's O (RB x d). With
  * `fetch`, pass 1 also asks for the V rows of its block (for pass 3) and for the K
  * block `AHEAD` blocks on (up to block kb_end), one cache line per step. */
+#ifndef AHEAD
 #define AHEAD 4
+#endif
+#ifndef KHINT
+#define KHINT 2
+#endif
+#ifndef VFETCH
+#define VFETCH 1
+#endif
 static inline __attribute__((always_inline)) void NAME(tile_rows)(
         const int RB, const int W, const int half, const float *q, const void *k,
         const void *v, const Py_ssize_t d, const Py_ssize_t t0, const Py_ssize_t t1,
@@ -106,8 +114,8 @@ static inline __attribute__((always_inline)) void NAME(tile_rows)(
             for (int r = 0; r < RB; r++) acc[r] = zero;
             for (Py_ssize_t i = 0; i < d; i++) {
                 if (u == 0) {  /* K and V blocks are 16*d*es bytes: 16*es per step */
-                    if (fk) __builtin_prefetch(kfetch + (size_t)i * 16 * es, 0, 2);
-                    if (fv) __builtin_prefetch(vfetch + (size_t)i * 16 * es, 0, 2);
+                    if (fk) __builtin_prefetch(kfetch + (size_t)i * 16 * es, 0, KHINT);
+                    if (VFETCH && fv) __builtin_prefetch(vfetch + (size_t)i * 16 * es, 0, 2);
                 }
                 VF kv = LOADV(half, k, kb + (size_t)i * 16 + (size_t)u * VL);
                 for (int r = 0; r < RB; r++) acc[r] += qt[i * RB + r] * kv;
@@ -223,4 +231,3 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #undef VF
 #undef VI
 #undef LOADV
-#undef AHEAD
