@@ -64,8 +64,9 @@ def merge(a: Partial, b: Partial) -> Partial:
     """
     m = np.maximum(a.m, b.m)
     shift = _shift(m)
-    ea = np.exp(a.m - shift)
-    eb = np.exp(b.m - shift)
+    with np.errstate(invalid="ignore"):  # NaN or +inf m (overflowed scores) stay NaN
+        ea = np.exp(a.m - shift)
+        eb = np.exp(b.m - shift)
     l = a.l * ea + b.l * eb
     O = a.O * ea[..., None] + b.O * eb[..., None]
     return Partial(m, l, O)
@@ -103,6 +104,7 @@ def resident(rows: np.ndarray, h_kv: int, d: int, dtype=np.float32) -> np.ndarra
     return out
 
 
+@np.errstate(over="ignore", invalid="ignore")  # overflowed scores become NaN, reported
 def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
                     scale: float, tile: int = 1024, start: int = 0,
                     causal_limit: np.ndarray | None = None,

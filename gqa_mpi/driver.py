@@ -56,6 +56,8 @@ class StepResult:
     peak_rss_mib: float = 0.0
     kernel: str = "numpy"
     """The local kernel that ran (``--kernel auto`` may fall back to numpy)."""
+    scores_nonfinite: bool = False
+    """Some score of this rank's sweep was NaN or +inf (float32 overflow, or NaN input)."""
 
 
 def load_slice(cfg: Config, start: int, stop: int):
@@ -154,6 +156,7 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
                  if cfg.causal else None)
         partial = kernel.sweep(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
                                causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
+        result.scores_nonfinite = bool(np.isnan(partial.m).any() or np.isposinf(partial.m).any())
 
     with rec.phase("reduce", wire=cfg.wire, schedule=cfg.reduce):
         inject("reduce", topo.rank)

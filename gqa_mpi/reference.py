@@ -8,8 +8,12 @@ import numpy as np
 
 
 def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
-                        causal: bool = False) -> np.ndarray:
-    """Exact GQA attention in float64.
+                        causal: bool = False, dtype=np.float64) -> np.ndarray:
+    """Exact GQA attention in float64 (or, as a control, in ``dtype``).
+
+    IEEE arithmetic all the way: a NaN or inf in Q, K or V, or scores that overflow,
+    give NaN in the rows they reach, never a silent zero. Only a query that sees no
+    key at all (causal) gives zeros.
 
     Parameters
     ----------
@@ -22,12 +26,15 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
     causal : bool
         Query ``t`` sees keys ``0 .. S_kv - T_q + t``; a query that sees none gives zeros.
 
+    dtype : float64 for the reference; float32 gives the untiled float32 control whose
+        own error sets the pass rule's scale (:func:`gqa_mpi.report.compare`).
+
     Returns
     -------
-    (B, T_q, h_q*d) or (T_q, h_q*d) float64, the layout of ``q``.
+    (B, T_q, h_q*d) or (T_q, h_q*d) of ``dtype``, the layout of ``q``.
     """
-    squeeze = q.ndim == 2
-    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    squeeze = np.ndim(q) == 2
+    q, k, v = (np.asarray(x, dtype=dtype) for x in (q, k, v))
     if squeeze:
         q, k, v = q[None], k[None], v[None]
     B, T_q, width_q = q.shape
@@ -37,23 +44,25 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
     G = h_q // h_kv
     if scale is None:
         scale = 1.0 / np.sqrt(d)
+    scale = dtype(scale)
     visible = np.ones((T_q, S_kv), dtype=bool)
     if causal:
         visible = np.arange(S_kv)[None, :] <= (S_kv - T_q + np.arange(T_q))[:, None]
-    out = np.zeros((B, T_q, h_q, d))
+    out = np.zeros((B, T_q, h_q, d), dtype=dtype)
     qh = q.reshape(B, T_q, h_q, d)
     for h in range(h_kv):
         kh = k[:, :, h * d:(h + 1) * d]                      # (B, S, d)
         vh = v[:, :, h * d:(h + 1) * d]
         qg = qh[:, :, h * G:(h + 1) * G]                     # (B, T_q, G, d)
-        s = np.einsum("btgd,bsd->btgs", qg, kh) * scale
-        s = np.where(visible[None, :, None, :], s, -np.inf)
-        smax = s.max(axis=-1, keepdims=True)
-        smax = np.where(np.isfinite(smax), smax, 0.0)
-        p = np.exp(s - smax)
-        denom = p.sum(axis=-1, keepdims=True)
-        p = np.divide(p, denom, out=np.zeros_like(p), where=denom > 0)
-        out[:, :, h * G:(h + 1) * G] = np.einsum("btgs,bsd->btgd", p, vh)
+        with np.errstate(all="ignore"):                  # NaN and inf propagate
+            s = np.einsum("btgd,bsd->btgs", qg, kh) * scale
+            s = np.where(visible[None, :, None, :], s, -np.inf)
+            smax = s.max(axis=-1, keepdims=True, initial=-np.inf)
+            smax = np.where(np.isneginf(smax), 0, smax)  # a row that sees no key
+            p = np.exp(s - smax)
+            denom = p.sum(axis=-1, keepdims=True)
+            p = np.divide(p, denom, out=np.zeros_like(p), where=denom != 0)
+            out[:, :, h * G:(h + 1) * G] = np.einsum("btgs,bsd->btgd", p, vh)
     out = out.reshape(B, T_q, h_q * d)
     return out[0] if squeeze else out
 

@@ -42,9 +42,10 @@ def check_output(cfg: Config, output: np.ndarray, m_rounding: float):
     out = output if cfg.batched else output[None]
     tolerance = report.tolerance(cfg.wire, m_rounding)
     if not cfg.kernel_faithful:
-        ref = attention_reference(q, k, v, h_kv=cfg.heads_kv, scale=cfg.scale,
-                                  causal=cfg.causal)
-        return report.compare(out, ref, tolerance), None
+        kw = dict(h_kv=cfg.heads_kv, scale=cfg.scale, causal=cfg.causal)
+        ref = attention_reference(q, k, v, **kw)
+        control = attention_reference(q, k, v, dtype=np.float32, **kw)
+        return report.compare(out, ref, tolerance, control), None
     model = kernel_reference(q, k, v, h_kv=cfg.heads_kv, n_ranks=cfg.n_ranks, tile=cfg.tile)
     exact = attention_reference(q, k, v, h_kv=cfg.heads_kv)
     return report.compare(out, model, tolerance), report.compare(out, exact, tolerance)
@@ -59,7 +60,8 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
                 bytes=result.traffic.bytes, overflow=result.traffic.loss.overflow,
                 m_rounding=result.traffic.loss.m_rounding,
                 peak_rss_mib=result.peak_rss_mib, tokens=result.stop - result.start,
-                events=rec.events, place=topo.describe(), kernel=result.kernel)
+                events=rec.events, place=topo.describe(), kernel=result.kernel,
+                scores_nonfinite=result.scores_nonfinite)
     per_rank = topo.comm.gather(mine, root=0)
     code = 0
     if topo.is_root:
@@ -75,6 +77,11 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
         _, fallback = select(cfg.kernel)
         record["kernel"] = dict(used=sorted({r["kernel"] for r in per_rank}), isa=isa(),
                                 fallback=fallback)
+        record["numerics"] = dict(
+            output_nonfinite=int(np.count_nonzero(~np.isfinite(result.output))),
+            scores_nonfinite_ranks=[i for i, r in enumerate(per_rank)
+                                    if r["scores_nonfinite"]],
+            inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite)
         if cfg.output:
             report.write_npy(cfg.output, result.output)
         if cfg.trace:
@@ -87,7 +94,8 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
                 print("note      one MPI rank, so C = P = 1; for 2 cubes x 8 PEs run "
                       "`mpirun -n 16 python -m gqa_mpi`")
             print(report.format_report(record), flush=True)
-        failed = (check is not None and not check["passed"]) or record["wire_loss"]["overflow"]
+        failed = ((check is not None and not check["passed"])
+                  or record["wire_loss"]["overflow"] or record["numerics"]["output_nonfinite"])
         code = 1 if failed else 0
     wait_for_root(topo.comm)
     code = topo.comm.bcast(code, root=0)
