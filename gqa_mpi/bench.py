@@ -37,7 +37,7 @@ import numpy as np  # noqa: E402
 from . import kernels  # noqa: E402
 from .attention import fold_queries, local_attention  # noqa: E402
 from .launcher import gqa_command, mpirun_command  # noqa: E402
-from .report import write_json  # noqa: E402
+from .outputs import write_json  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import threading
 import traceback
 from typing import List, Optional
@@ -22,6 +21,7 @@ from mpi4py import MPI  # noqa: E402
 from . import __version__  # noqa: E402
 from .config import DEFAULT_GRID, KERNELS, KV_DTYPES, REDUCES, WIRES, Config, default_topology
 from .inputs import InputError, inspect_inputs
+from .outputs import Interrupted, check_paths, npy_bytes
 from .run import run
 
 EXIT_USAGE = 2
@@ -172,24 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _writable(path: str, flag: str) -> Optional[str]:
-    """Why the root could not write ``path``, or None."""
-    if os.path.isdir(path):
-        return f"{flag} {path}: is a directory"
-    directory = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(directory):
-        return f"{flag} {path}: directory {directory} does not exist"
-    try:  # access() says yes to root even on a read-only file system: really try
-        fd, probe = tempfile.mkstemp(dir=directory, prefix=".gqa_mpi-probe-")
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        return f"{flag} {path}: directory {directory} is not writable ({e.strerror})"
-    return None
-
-
 def _root_checks(args) -> tuple:
-    """What only the root looks at: input headers and output paths.
+    """What only the root looks at first: the input files' headers.
 
     Returns ``(problem, error)``; the caller broadcasts it so all ranks agree.
     """
@@ -201,13 +185,16 @@ def _root_checks(args) -> tuple:
             problem = inspect_inputs(args.inputs, args.head_dim)
     except InputError as e:
         return None, str(e)
-    for flag, path in (("--output", args.output), ("--json", args.json),
-                       ("--trace", args.trace)):
-        if path is not None:
-            why = _writable(path, flag)
-            if why:
-                return None, why
     return problem, None
+
+
+def _output_checks(cfg: Config) -> Optional[str]:
+    """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.outputs`)."""
+    inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
+              if cfg.inputs is not None else [])
+    shape = (cfg.batch, cfg.queries, cfg.heads_q * cfg.head_dim)
+    return check_paths({"--output": cfg.output, "--json": cfg.json, "--trace": cfg.trace},
+                       inputs, {"--output": npy_bytes(shape)})
 
 
 def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
@@ -246,6 +233,9 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
                      **fields)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    error = comm.bcast(_output_checks(cfg) if comm.rank == 0 else None, root=0)
+    if error:
+        raise UsageError(error)
     return cfg, args
 
 
@@ -271,6 +261,13 @@ def main(argv: Optional[List[str]] = None) -> int:
                 watchdog.cancel()
     except SystemExit:
         raise
+    except Interrupted as e:  # SIGTERM/SIGINT while writing: the write cleaned up
+        sys.stderr.write(f"gqa_mpi: rank {comm.rank}: interrupted by {e} while writing an "
+                         f"output; no partial file was left\n")
+        sys.stderr.flush()
+        if comm.size > 1:
+            comm.Abort(128 + e.signum)
+        return 128 + e.signum
     except BaseException:
         abort(comm)
 

@@ -4,14 +4,10 @@ No MPI here: the driver gathers, this module only summarises and writes.
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
-from .faults import inject
 
 PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
 """Timed phases of a run, in order; ``step`` is local attention + reduce + finalize."""
@@ -75,37 +71,6 @@ def spread(values: List[float]) -> Dict[str, float]:
     """min / median / max of per-rank values."""
     a = np.asarray(values, dtype=np.float64)
     return dict(min=float(a.min()), median=float(np.median(a)), max=float(a.max()))
-
-
-def atomic_write(path: str, write: Callable[[object], None], mode: str = "wb") -> None:
-    """Write ``path`` through a temporary file in the same directory, then rename.
-
-    A reader sees the old file or the complete new one, never a partial one.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode) as f:
-            write(f)
-            f.flush()
-            inject("write", 0)
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def write_json(path: str, record: Dict) -> None:
-    atomic_write(path, lambda f: json.dump(record, f, indent=2, allow_nan=True), mode="w")
-
-
-def write_npy(path: str, array: np.ndarray) -> None:
-    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
 
 
 def _fmt_bytes(n: float) -> str:

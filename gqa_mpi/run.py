@@ -1,12 +1,13 @@
 """One run as the user sees it: topology, the decode step, then the root's account."""
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
 from mpi4py import MPI
 
-from . import report
+from . import outputs, report
 from .config import Config
 from .driver import decode_step, load_slice
 from .kernels import isa, select
@@ -64,6 +65,7 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
                 scores_nonfinite=result.scores_nonfinite)
     per_rank = topo.comm.gather(mine, root=0)
     code = 0
+    write_error = False
     if topo.is_root:
         check = vs_exact = None
         if cfg.check:
@@ -82,21 +84,30 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
             scores_nonfinite_ranks=[i for i, r in enumerate(per_rank)
                                     if r["scores_nonfinite"]],
             inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite)
-        if cfg.output:
-            report.write_npy(cfg.output, result.output)
-        if cfg.trace:
-            report.write_json(cfg.trace, chrome_trace([r["events"] for r in per_rank],
-                                                      [r["place"] for r in per_rank]))
-        if cfg.json:
-            report.write_json(cfg.json, record)
+        writes = [(cfg.output, lambda p: outputs.write_npy(p, result.output)),
+                  (cfg.trace, lambda p: outputs.write_json(p, chrome_trace(
+                      [r["events"] for r in per_rank], [r["place"] for r in per_rank]))),
+                  (cfg.json, lambda p: outputs.write_json(p, record))]
+        for path, write in writes:
+            if path is None:
+                continue
+            try:
+                write(path)
+            except OSError as e:  # checked up front; the disk can still fill meanwhile
+                print(f"gqa_mpi: error: writing {path}: {e.strerror or e}; the old file, "
+                      f"if any, is untouched and no temporary file is left",
+                      file=sys.stderr, flush=True)
+                write_error = True
         if not quiet:
             if comm.size == 1:
                 print("note      one MPI rank, so C = P = 1; for 2 cubes x 8 PEs run "
                       "`mpirun -n 16 python -m gqa_mpi`")
             print(report.format_report(record), flush=True)
-        failed = ((check is not None and not check["passed"])
-                  or record["wire_loss"]["overflow"] or record["numerics"]["output_nonfinite"])
-        code = 1 if failed else 0
+        if write_error:
+            code = 2
+        elif ((check is not None and not check["passed"])
+              or record["wire_loss"]["overflow"] or record["numerics"]["output_nonfinite"]):
+            code = 1
     wait_for_root(topo.comm)
     code = topo.comm.bcast(code, root=0)
     topo.free()
