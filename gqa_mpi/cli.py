@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import threading
 import traceback
 from typing import List, Optional
 
@@ -21,10 +20,14 @@ from mpi4py import MPI  # noqa: E402
 from . import __version__  # noqa: E402
 from .config import DEFAULT_GRID, KERNELS, KV_DTYPES, REDUCES, WIRES, Config, default_topology
 from .inputs import InputError, inspect_inputs
+from . import faults, sizing, watchdog
+from .driver import rank_tokens
 from .outputs import Interrupted, check_paths, npy_bytes
 from .run import run
 
 EXIT_USAGE = 2
+EXIT_CRASH = 4
+"""A rank failed unexpectedly (a bug, or a lost node) and the job was aborted."""
 
 DESCRIPTION = """\
 Emulate one decode step of the accelerator's long-context GQA kernel on MPI.
@@ -34,7 +37,9 @@ contiguous slice of the KV cache. It sweeps its slice in tiles with an online
 softmax, then the partials (m, l, O) flow to rank 0 along the kernel's chain:
 leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
 cube to cube (W). Rank 0 normalises, checks O against a float64 reference and
-prints a report. Exit code: 0 passed, 1 check failed, 2 bad input, 3 --timeout.
+prints a report. Exit code: 0 passed, 1 check failed or output not finite, 2 bad
+input or an output that cannot be written, 3 --timeout, 4 a rank failed unexpectedly
+and the job was aborted, 128+N killed by signal N.
 """
 
 EPILOG = """\
@@ -75,6 +80,13 @@ def _grid(text: str):
     if rows < 1 or cols < 1:
         raise argparse.ArgumentTypeError(f"rows and columns must be positive, got {text!r}")
     return rows, cols
+
+
+def _size(text: str) -> int:
+    try:
+        return sizing.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
 
 
 def _counts(text: str):
@@ -165,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="check O against a float64 reference on the root; the root "
                         "then holds all of K and V (default: --check)")
     o.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    o.add_argument("--max-memory", type=_size, metavar="SIZE",
+                   help="memory the ranks of one host may use together, e.g. 64G; a run "
+                        "estimated to need more is refused before it allocates anything "
+                        "(default: the host's available memory)")
     o.add_argument("--timeout", type=float, metavar="SECONDS",
                    help="abort the whole job if a rank has not finished after SECONDS "
                         "(a watchdog for batch jobs: a stuck rank cannot hold the "
@@ -200,7 +216,15 @@ def _output_checks(cfg: Config) -> Optional[str]:
 def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
     """Parse, check and agree on the configuration; raise UsageError on every rank."""
     args = build_parser().parse_args(argv)
-    problem, error = comm.bcast(_root_checks(args) if comm.rank == 0 else None, root=0)
+    try:
+        faults.check()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    faults.inject("start", comm.rank)
+    watchdog.phase("configuration")
+    watchdog.rendezvous(comm, "start-up")
+    with watchdog.waiting("rank 0 (reading input headers)"):
+        problem, error = comm.bcast(_root_checks(args) if comm.rank == 0 else None, root=0)
     if error:
         raise UsageError(error)
     dims = dict(seq_len=args.seq_len, heads_q=args.heads_q, heads_kv=args.heads_kv,
@@ -233,15 +257,53 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
                      **fields)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    error = comm.bcast(_output_checks(cfg) if comm.rank == 0 else None, root=0)
+    with watchdog.waiting("rank 0 (checking output paths)"):
+        error = comm.bcast(_output_checks(cfg) if comm.rank == 0 else None, root=0)
+    if error:
+        raise UsageError(error)
+    error = _memory_check(comm, cfg, args.max_memory)
     if error:
         raise UsageError(error)
     return cfg, args
 
 
+def _memory_check(comm: MPI.Comm, cfg: Config, limit: Optional[int]) -> Optional[str]:
+    """Refuse, on every rank, a run whose ranks on some host would not fit its memory.
+
+    Each rank estimates its own peak from the configuration (:mod:`gqa_mpi.sizing`);
+    the ranks of one host add theirs up and compare with ``--max-memory`` or the
+    host's available memory.
+    """
+    start, stop = rank_tokens(cfg, comm.rank)
+    mine = sizing.rank_bytes(cfg, stop - start, comm.rank == 0)
+    watchdog.rendezvous(comm, "the memory estimate")
+    return _memory_verdict(comm, cfg, limit, mine)
+
+
+def _memory_verdict(comm, cfg, limit, mine):
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    total = node.allreduce(mine)
+    root_here = node.allreduce(int(comm.rank == 0))
+    error = None
+    if node.rank == 0:
+        have = limit or sizing.available_bytes()
+        if have is not None and total > have:
+            what = "--max-memory allows" if limit else "the host has available"
+            root = (f", rank 0 alone {sizing.fmt(mine)} with the float64 check"
+                    if root_here and comm.rank == 0 and cfg.check else "")
+            error = (f"this run needs about {sizing.fmt(total)} on {MPI.Get_processor_name()} "
+                     f"({node.size} rank(s){root}) but {what} only {sizing.fmt(have)}"
+                     + sizing.advice(cfg, bool(root_here)))
+    node.Free()
+    return next((e for e in comm.allgather(error) if e), None)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m gqa_mpi`` and ``gqa-mpi``; returns the exit code."""
     comm = MPI.COMM_WORLD
+    seconds = watchdog.early_timeout(argv)
+    if seconds:
+        watchdog.arm(comm, seconds)   # covers configuration, the run and shut-down
     try:
         try:
             cfg, args = configure(comm, argv)
@@ -249,16 +311,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
-        watchdog = start_watchdog(comm, cfg.timeout) if cfg.timeout else None
         try:
             return run(comm, cfg, quiet=args.quiet)
         except InputError as e:  # raised on every rank alike (see driver.refuse_nonfinite)
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
-        finally:
-            if watchdog:
-                watchdog.cancel()
     except SystemExit:
         raise
     except Interrupted as e:  # SIGTERM/SIGINT while writing: the write cleaned up
@@ -270,25 +328,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 128 + e.signum
     except BaseException:
         abort(comm)
-
-
-def start_watchdog(comm: MPI.Comm, seconds: float) -> threading.Timer:
-    """Abort every rank if this one is still running after ``seconds``."""
-    def expire():
-        sys.stderr.write(f"gqa_mpi: rank {comm.rank}: not finished after {seconds:g} s "
-                         f"(--timeout), aborting all {comm.size} ranks\n")
-        sys.stderr.flush()
-        comm.Abort(3)
-
-    timer = threading.Timer(seconds, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
+    finally:
+        watchdog.phase("shut-down (MPI_Finalize)")
 
 
 def abort(comm: MPI.Comm) -> None:
     """Print this rank's traceback once, then end every rank of the job."""
     sys.stderr.write(f"gqa_mpi: rank {comm.rank}: unexpected error, aborting all "
-                     f"{comm.size} ranks\n{traceback.format_exc()}")
+                     f"{comm.size} ranks (exit code {EXIT_CRASH})\n{traceback.format_exc()}")
     sys.stderr.flush()
-    comm.Abort(1)
+    comm.Abort(EXIT_CRASH)

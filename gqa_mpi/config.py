@@ -111,6 +111,9 @@ class Config:
             raise ValueError(f"--cubes {self.cubes} x --pes {self.pes} = "
                              f"{self.cubes * self.pes} ranks, but {self.world_size} "
                              f"are running (mpirun -n {self.cubes * self.pes})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
+                0 <= self.seed < 2 ** 63):
+            raise ValueError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}")
         if self.heads_q % self.heads_kv:
             raise ValueError(f"--heads-q {self.heads_q} is not a multiple of "
                              f"--heads-kv {self.heads_kv}")

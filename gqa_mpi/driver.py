@@ -15,7 +15,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from . import inputs
+from . import inputs, watchdog
 from .attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
 from .config import Config
 from .faults import inject
@@ -107,7 +107,8 @@ def refuse_nonfinite(comm, tensors) -> None:
     mine = None
     for name, array, offset in tensors:
         mine = mine or inputs.first_nonfinite(name, array, offset)
-    found = [m for m in comm.allgather(mine) if m]
+    with watchdog.waiting("all ranks (input check)"):
+        found = [m for m in comm.allgather(mine) if m]
     if found:
         raise inputs.InputError(f"{found[0]} (pass --allow-nonfinite to accept it)")
 
@@ -136,11 +137,14 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
                                              topo.row, topo.col),
              "tree": lambda: tree_schedule(topo.rank, comm.size),
              "mpi": lambda: None}[cfg.reduce]()
-    warm_up(comm, cfg, steps)
-    comm.Barrier()
+    watchdog.phase("warm-up")
+    with watchdog.waiting("a neighbour (warm-up)"):
+        warm_up(comm, cfg, steps)
+    watchdog.rendezvous(comm, "the start of the step")
     rec.start()  # a common origin for every rank's clock
 
     with rec.phase("inputs", tokens=[start, stop]):
+        watchdog.phase("inputs")
         inject("inputs", topo.rank)
         q_in, k_rows, v_rows = load_slice(cfg, start, stop)
         if cfg.inputs is not None and not cfg.allow_nonfinite:
@@ -148,9 +152,11 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
                                     ("v", v_rows, start)])
         q, k, v = operands(cfg, kernel, q_in, k_rows, v_rows)
         del k_rows, v_rows
-    comm.Barrier()  # the kernel starts with its slice resident: time it from there
+    # the kernel starts with its slice resident: time it from there
+    watchdog.rendezvous(comm, "the end of inputs")
 
     with rec.phase("local_attention", tile=cfg.tile):
+        watchdog.phase("local_attention")
         inject("local_attention", topo.rank)
         limit = (causal_limits(cfg.seq_len, cfg.queries, cfg.group)
                  if cfg.causal else None)
@@ -159,6 +165,7 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
         result.scores_nonfinite = bool(np.isnan(partial.m).any() or np.isposinf(partial.m).any())
 
     with rec.phase("reduce", wire=cfg.wire, schedule=cfg.reduce):
+        watchdog.phase("reduce")
         inject("reduce", topo.rank)
         if cfg.reduce == "mpi":
             partial = mpi_reduce(comm, partial, result.traffic, rec)
@@ -167,6 +174,7 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
 
     if topo.is_root:
         with rec.phase("finalize"):
+            watchdog.phase("finalize")
             inject("finalize", topo.rank)
             out = finalize(partial)
             if cfg.kernel_faithful:

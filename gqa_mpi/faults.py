@@ -1,9 +1,11 @@
 """Test-only fault injection, so the suite can prove that failures end the job cleanly.
 
 Set ``GQA_MPI_FAULT=KIND:RANK:POINT`` in the environment of a run: when rank RANK
-reaches POINT (``inputs``, ``local_attention``, ``reduce``, ``finalize`` or ``write``,
-the middle of writing an output file) it raises an exception (KIND ``raise``), kills
-itself with SIGKILL (KIND ``kill``) or stops making progress for good (KIND ``hang``). Unset, this costs one dictionary lookup.
+reaches POINT (``start``, before the configuration is agreed; ``inputs``,
+``local_attention``, ``reduce``, ``finalize``; or ``write``, the middle of writing an
+output file) it raises an exception (KIND ``raise``), kills itself with SIGKILL
+(KIND ``kill``), stops making progress for good (KIND ``hang``) or freezes with
+SIGSTOP (KIND ``stop``). Unset, this costs one dictionary lookup.
 Not for production use.
 """
 from __future__ import annotations
@@ -12,6 +14,22 @@ import os
 import signal
 import sys
 import time
+
+
+KINDS = ("raise", "kill", "hang", "stop")
+POINTS = ("start", "inputs", "local_attention", "reduce", "finalize", "write")
+
+
+def check() -> None:
+    """Raise ValueError (one line) if ``GQA_MPI_FAULT`` is set but malformed."""
+    spec = os.environ.get("GQA_MPI_FAULT")
+    if not spec:
+        return
+    parts = spec.split(":")
+    if (len(parts) != 3 or parts[0] not in KINDS or not parts[1].isdigit()
+            or parts[2] not in POINTS):
+        raise ValueError(f"GQA_MPI_FAULT={spec!r} is not KIND:RANK:POINT with KIND one of "
+                         f"{', '.join(KINDS)} and POINT one of {', '.join(POINTS)}")
 
 
 def inject(point: str, rank: int) -> None:
@@ -26,6 +44,8 @@ def inject(point: str, rank: int) -> None:
     sys.stderr.flush()
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "stop":  # SIGSTOP: alive but frozen, its own watchdog cannot run
+        os.kill(os.getpid(), signal.SIGSTOP)
     if kind == "hang":
         while True:
             time.sleep(3600)

@@ -12,6 +12,7 @@ rank reads only its own rows.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Dict, Tuple
 
@@ -19,6 +20,9 @@ import numpy as np
 
 GEN_BLOCK = 4096
 """Tokens per independently seeded block of generated K and V."""
+
+MAX_DIM = 1 << 40
+"""No dimension of an input file can be this large (1 Ti elements)."""
 
 TENSORS = ("q", "k", "v")
 DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
@@ -103,7 +107,11 @@ def _header(path: str) -> Tuple[tuple, np.dtype, bool, int]:
     if dtype.hasobject:
         raise InputError(f"{path}: holds Python objects (pickled); "
                          "only float16 or float32 arrays are accepted")
-    need = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 or n >= MAX_DIM
+           for n in shape):
+        raise InputError(f"{path}: header shape {shape!r} is not a shape (every "
+                         f"dimension must be an integer from 0 to {MAX_DIM - 1})")
+    need = offset + math.prod(shape) * dtype.itemsize   # Python ints: no overflow
     size = os.path.getsize(path)
     if size < need:
         raise InputError(f"{path}: truncated ({size} bytes, the header promises {need})")

@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .attention import Partial, merge
+from . import watchdog
 from . import wire as wires
 from .trace import Recorder
 
@@ -102,7 +103,7 @@ def mpi_reduce(comm: MPI.Comm, partial: Partial, traffic: "Traffic",
     recv = np.empty_like(send) if comm.rank == 0 else None
     op = _merge_packed(partial)
     try:
-        with recorder.span("MPI_Reduce", "chain"):
+        with recorder.span("MPI_Reduce", "chain"), watchdog.waiting("all ranks (MPI_Reduce)"):
             comm.Reduce(send, recv, op=op, root=0)
     finally:
         op.Free()
@@ -136,7 +137,9 @@ def run_schedule(comm: MPI.Comm, partial: Partial, steps: List[Step], wire: str,
                 bufs = wires.receive_buffers(partial, wire)
                 for name, buf in bufs:
                     t0 = time.perf_counter()
-                    comm.Recv(wires.as_message(buf), source=step.peer, tag=wires.TAGS[name])
+                    with watchdog.waiting(f"rank {step.peer} ({step.dir}, {name})"):
+                        comm.Recv(wires.as_message(buf), source=step.peer,
+                                  tag=wires.TAGS[name])
                     recorder.message("recv", step.dir, step.peer, name, buf.nbytes, t0,
                                      time.perf_counter())
                 partial = merge(partial, wires.decode(bufs, partial))
@@ -145,7 +148,9 @@ def run_schedule(comm: MPI.Comm, partial: Partial, steps: List[Step], wire: str,
                 traffic.loss = traffic.loss + loss
                 for name, buf in bufs:
                     t0 = time.perf_counter()
-                    comm.Send(wires.as_message(buf), dest=step.peer, tag=wires.TAGS[name])
+                    with watchdog.waiting(f"rank {step.peer} ({step.dir}) to take {name}"):
+                        comm.Send(wires.as_message(buf), dest=step.peer,
+                                  tag=wires.TAGS[name])
                     traffic.messages += 1
                     traffic.bytes += buf.nbytes
                     recorder.message("send", step.dir, step.peer, name, buf.nbytes, t0,

@@ -7,7 +7,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import outputs, report
+from . import outputs, report, watchdog
 from .config import Config
 from .driver import decode_step, load_slice
 from .kernels import isa, select
@@ -63,11 +63,13 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
                 peak_rss_mib=result.peak_rss_mib, tokens=result.stop - result.start,
                 events=rec.events, place=topo.describe(), kernel=result.kernel,
                 scores_nonfinite=result.scores_nonfinite)
+    watchdog.rendezvous(topo.comm, "the gathering of results")
     per_rank = topo.comm.gather(mine, root=0)
     code = 0
     write_error = False
     if topo.is_root:
         check = vs_exact = None
+        watchdog.phase("check and outputs")
         if cfg.check:
             m_rounding = max(r["m_rounding"] for r in per_rank)
             check, vs_exact = check_output(cfg, result.output, m_rounding)
@@ -108,7 +110,9 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
         elif ((check is not None and not check["passed"])
               or record["wire_loss"]["overflow"] or record["numerics"]["output_nonfinite"]):
             code = 1
-    wait_for_root(topo.comm)
-    code = topo.comm.bcast(code, root=0)
+    watchdog.phase("end of run")
+    with watchdog.waiting("rank 0 (check and outputs)"):
+        wait_for_root(topo.comm)
+        code = topo.comm.bcast(code, root=0)
     topo.free()
     return code

@@ -9,13 +9,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from gqa_mpi import cli
 from gqa_mpi.attention import merge
 from gqa_mpi.launcher import gqa_command
 from gqa_mpi.reference import attention_reference
 
 from util import distributed, launch, random_inputs, read_json, write_inputs
 
-MARK = "4242421"          # a seed no other test uses: finds leftover processes
+# a seed no other test and no other concurrent test run uses: finds leftover processes
+MARK = str(5_000_000 + (os.getpid() * 7919 + time.time_ns() // 1000) % 4_000_000)
 
 
 def leftovers():
@@ -24,6 +26,16 @@ def leftovers():
                          text=True)
     assert out.returncode in (0, 1), out.stderr       # 1: nothing matched
     return out.stdout.split()
+
+
+def assert_no_leftovers(within=10.0, but=()):
+    """Poll until no process of this test (but the PIDs ``but``) is left, failing
+    after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    left = lambda: [p for p in leftovers() if int(p) not in but]  # noqa: E731
+    while left():
+        assert time.monotonic() < deadline, f"left running: {left()}"
+        time.sleep(0.05)
 
 
 # ---------------------------------------------------------------- faults
@@ -40,9 +52,7 @@ def test_leftover_probe_sees_a_live_run():
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-        deadline = time.monotonic() + 10
-        while leftovers() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        assert_no_leftovers()
 
 
 @pytest.mark.parametrize("point", ["local_attention", "reduce"])
@@ -53,31 +63,59 @@ def test_sigkill_mid_run_ends_the_job(point):
     killed = float(re.search(r"injecting fault kill at \w+, t=([\d.]+)", proc.stderr).group(1))
     assert proc.returncode != 0
     assert ended - killed < 10, f"job outlived the killed rank by {ended - killed:.1f} s"
-    time.sleep(0.5)
-    assert leftovers() == []
+    assert_no_leftovers()
 
 
 def test_exception_on_one_rank_aborts_all_and_is_printed_once():
     t0 = time.monotonic()
     proc = launch(8, ["--seq-len", 20000, "--seed", MARK], timeout=60,
                   env={"GQA_MPI_FAULT": "raise:5:reduce"})
-    assert proc.returncode != 0
+    assert proc.returncode == cli.EXIT_CRASH, proc.stderr      # not 1 (failed) or 2 (usage)
     assert time.monotonic() - t0 < 30
     assert proc.stderr.count("RuntimeError: injected fault") == 1, proc.stderr
     assert "gqa_mpi: rank 5: unexpected error, aborting all 8 ranks" in proc.stderr
-    time.sleep(0.5)
-    assert leftovers() == []
+    assert_no_leftovers()
 
 
-def test_stuck_rank_is_ended_by_the_watchdog():
+WATCHDOG_CASES = {  # fault: words naming the stuck rank
+    "hang:6:reduce": "rank 6 is stuck in reduce after 3 s",
+    "stop:2:local_attention": "for rank 2 (intra_",              # named by a neighbour
+    "stop:3:start": "for rank(s) 3 to reach start-up",         # named by rank 0
+    "stop:5:inputs": "for rank(s) 5 to reach the end of inputs",
+    "stop:0:start": "for rank 0 to see every rank reach start-up",
+}
+
+
+@pytest.mark.parametrize("fault", sorted(WATCHDOG_CASES))
+def test_the_watchdog_ends_the_job_and_names_the_stuck_rank(fault):
+    """A rank that hangs names itself; one frozen by SIGSTOP (its watchdog cannot run)
+    is named by whoever waits for it, also before the configuration is agreed."""
     t0 = time.monotonic()
-    proc = launch(8, ["--seq-len", 20000, "--seed", MARK, "--timeout", 4], timeout=60,
-                  env={"GQA_MPI_FAULT": "hang:6:reduce"})
-    assert proc.returncode != 0
-    assert time.monotonic() - t0 < 4 + 20
-    assert "(--timeout), aborting all 8 ranks" in proc.stderr
-    time.sleep(0.5)
-    assert leftovers() == []
+    proc = launch(8, ["--seq-len", 2000, "--seed", MARK, "--timeout", 3], timeout=60,
+                  env={"GQA_MPI_FAULT": fault})
+    assert proc.returncode == 3, proc.stderr
+    assert time.monotonic() - t0 < 3 + 20
+    assert WATCHDOG_CASES[fault] in proc.stderr, proc.stderr
+    assert "(--timeout); aborting all 8 ranks" in proc.stderr
+    assert_no_leftovers()
+
+
+def test_the_watchdog_covers_shut_down_under_a_stopped_launcher():
+    """Work done, then the launcher is frozen: MPI_Finalize cannot complete, and the
+    ranks still leave within the timeout (they do not wait for the launcher forever)."""
+    proc = subprocess.Popen(gqa_command(4, ["--seq-len", "2000", "--seed", MARK, "--timeout", "5"]),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("traffic"):
+                break
+        os.kill(proc.pid, signal.SIGSTOP)
+        assert_no_leftovers(within=20, but={proc.pid})     # every rank is gone
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.wait()
 
 
 @pytest.mark.parametrize("kind", ["kill", "raise"])
@@ -113,6 +151,17 @@ def _nonfinite(name, value, where):
         a[where] = value
         arrays[name] = a
         _save(d, **arrays)
+    return make
+
+
+def _header_shape(shape):
+    """k.npy with a hand-written header claiming ``shape`` (and 8 bytes of data)."""
+    def make(d):
+        _save(d)
+        header = {"descr": "<f4", "fortran_order": False, "shape": shape}
+        with open(os.path.join(d, "k.npy"), "wb") as f:
+            np.lib.format.write_array_header_1_0(f, header)
+            f.write(b"\0" * 8)
     return make
 
 
@@ -165,12 +214,16 @@ FILE_CASES = {
     "inf in K": (_nonfinite("k", np.inf, (33, 7)), [], "k.npy: inf at batch 0, token 33, column 7"),
     "NaN in V, last rank": (_nonfinite("v", np.nan, (39, 31)), [], "v.npy: NaN at batch 0, token 39"),
     "-inf in V, first rank": (_nonfinite("v", -np.inf, (0, 0)), [], "v.npy: inf at batch 0, token 0"),
+    "shape overflows int64": (_header_shape((2 ** 40 - 1, 2 ** 40 - 1)), [], "truncated"),
+    "boolean dimension": (_header_shape((True, 32)), [], "is not a shape"),
+    "absurd dimension": (_header_shape((2 ** 62, 32)), [], "is not a shape"),
+    "negative dimension": (_header_shape((-4, 32)), [], "is not a shape"),
 }
 
-ARG_CASES = {
+ARG_CASES = {  # run in-process on one rank
     "cubes do not divide": (["--cubes", 3], "does not divide"),
-    "C x P != ranks": (["--cubes", 2, "--pes", 2], "but 2 are running"),
-    "P beyond grid": (["--pes", 2, "--grid", "1x1"], "does not fit the 1x1"),
+    "C x P != ranks": (["--cubes", 2, "--pes", 2], "but 1 are running"),
+    "P beyond grid": (["--cubes", 1, "--pes", 2, "--grid", "1x1"], "does not fit the 1x1"),
     "zero grid": (["--grid", "0x4"], "rows and columns must be positive"),
     "grid syntax": (["--grid", "2by4"], "ROWSxCOLS"),
     "negative seq-len": (["--seq-len", -5], "--seq-len must be a positive"),
@@ -184,8 +237,18 @@ ARG_CASES = {
     "mpi reduce, f16 wire": (["--reduce", "mpi", "--wire", "kernel"], "needs --reduce chain"),
     "unknown flag": (["--frobnicate"], "unrecognized arguments"),
     "zero timeout": (["--timeout", 0], "--timeout must be a positive"),
-    "split wrong length": (["--split", "1,2,3", "--seq-len", 6], "3 token counts for 2 ranks"),
-    "split wrong sum": (["--split", "1,2", "--seq-len", 6], "add up to 3"),
+    "split wrong length": (["--split", "1,2,3", "--seq-len", 6], "3 token counts for 1 ranks"),
+    "split wrong sum": (["--split", "2", "--seq-len", 6], "add up to 2"),
+    "negative seed": (["--seed", -1], "--seed must be an integer from 0"),
+    "huge seed": (["--seed", 2 ** 64], "--seed must be an integer from 0"),
+    "seq-len 1e10": (["--seq-len", 10 ** 10], "needs about"),
+    "head-dim 1e9": (["--head-dim", 10 ** 9], "needs about"),
+    "batch 1e6": (["--batch", 10 ** 6], "needs about"),
+    "queries 1e6": (["--queries", 10 ** 6], "needs about"),
+    "heads-q 1e7": (["--heads-q", 10 ** 7, "--heads-kv", 1], "needs about"),
+    "max-memory too small": (["--max-memory", "10M"], "--max-memory allows only"),
+    "max-memory syntax": (["--max-memory", "lots"], "expected a size"),
+    "check too big": (["--seq-len", 4 * 10 ** 7, "--max-memory", "20G"], "--no-check"),
     "split syntax": (["--split", "a,b"], "comma-separated integers"),
     "inputs not a directory": (["--inputs", "/etc/hostname"], "not a directory"),
     "output dir missing": (["--output", "/nonexistent/o.npy"], "does not exist"),
@@ -193,32 +256,53 @@ ARG_CASES = {
     "output not writable": (["--output", "/proc/o.npy"], "not writable"),
     "json dir missing": (["--json", "/nonexistent/r.json"], "does not exist"),
     "trace not writable": (["--trace", "/proc/t.json"], "not writable"),
-    "faithful short row": (["--kernel-faithful", "--pes", 2, "--grid", "2x4", "--cubes", 1,
-                            "--seq-len", 1], "SPEC defect 6"),
 }
 
 
-def _check_clean_refusal(proc, words):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    err = [s for s in proc.stderr.splitlines() if s.strip()]
-    assert len(err) == 1 and err[0].startswith("gqa_mpi: error: ") and words in err[0], err
-    assert "Traceback" not in proc.stderr and proc.stdout == ""
+def _check_clean_refusal(code, out, err, words):
+    assert code == 2, out + err
+    lines = [s for s in err.splitlines() if s.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gqa_mpi: error: ") and words in lines[0], lines
+    assert "Traceback" not in err and out == ""
+
+
+def _in_process(capsys, args):
+    code = cli.main([str(a) for a in args])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
 
 
 @pytest.mark.parametrize("case", sorted(ARG_CASES))
-def test_bad_arguments(case):
+def test_bad_arguments(capsys, case):
     args, words = ARG_CASES[case]
-    _check_clean_refusal(launch(2, args, timeout=60), words)
+    _check_clean_refusal(*_in_process(capsys, args), words)
+
+
+@pytest.mark.parametrize("args,env,words", [
+    (["--seed", -1], {}, "--seed must be"),
+    (["--seq-len", 10 ** 10], {}, "needs about"),
+    (["--seq-len", 100], {"GQA_MPI_FAULT": "raise:0"}, "GQA_MPI_FAULT='raise:0' is not"),
+    (["--output", "/dev/null", "--seq-len", 100], {}, "is a character device"),
+    (["--kernel-faithful", "--pes", 4, "--cubes", 1, "--seq-len", 3], {}, "SPEC defect 6"),
+])
+def test_every_rank_leaves_with_the_same_code(args, env, words):
+    """Real launches: a refusal is one line from rank 0 and exit 2 from all ranks."""
+    proc = launch(4, args, timeout=60, env=env)
+    _check_clean_refusal(proc.returncode, proc.stdout, proc.stderr, words)
 
 
 @pytest.mark.parametrize("case", sorted(FILE_CASES))
-def test_bad_input_files(tmp_path, case):
+def test_bad_input_files(tmp_path, capsys, case):
     make, extra, words = FILE_CASES[case]
     d = str(tmp_path / "in")
     os.makedirs(d)
     make(d)
-    _check_clean_refusal(launch(2, ["--inputs", d, "--head-dim", 16, "--heads-kv", 2,
-                                    *extra], timeout=60), words)
+    args = ["--inputs", d, "--head-dim", 16, "--heads-kv", 2, *extra]
+    if "rank" in case:       # the check of values runs on each rank's own slice
+        proc = launch(2, args, timeout=60)
+        _check_clean_refusal(proc.returncode, proc.stdout, proc.stderr, words)
+    else:
+        _check_clean_refusal(*_in_process(capsys, args), words)
 
 
 def test_nonfinite_allowed_on_request(tmp_path):

@@ -1,0 +1,138 @@
+"""``--timeout``: a per-rank watchdog that ends the whole job, naming who is stuck.
+
+Armed as soon as the command line is read and never disarmed, so it covers start-up
+(a rank stopped before the first collective), the run, and shut-down (``MPI_Finalize``
+under a stopped launcher). Each rank keeps what it is doing (:func:`phase`) and, while
+it blocks on others, whom it waits for (:func:`waiting`). When time is up:
+
+- a rank that is not waiting is the stuck one: it says so and aborts the job at once;
+- a rank that waits gives the stuck rank a moment to name itself, then names what it
+  has been waiting for: the chain neighbour it receives from or sends to, or, at a
+  :func:`rendezvous`, the ranks that have not arrived (rank 0 keeps count). So a rank
+  that is stopped or dead, and cannot speak, is still named.
+
+If ``MPI_Abort`` itself cannot complete (the launcher is stopped), the process exits
+on its own a few seconds later. Exit code 3.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Optional
+
+EXIT_TIMEOUT = 3
+GRACE = 2.0
+"""Seconds a waiting rank leaves the stuck rank to name itself."""
+
+_state = dict(phase="start-up", waiting=None, comm=None, seconds=None, timer=None)
+
+
+def phase(name: str) -> None:
+    """Record what this rank is doing now (cheap; used with or without a watchdog)."""
+    _state["phase"] = name
+
+
+@contextmanager
+def waiting(what: str):
+    """Mark a block in which this rank waits for ``what`` (e.g. 'rank 6 (intra_E)')."""
+    before = _state["waiting"]
+    _state["waiting"] = what
+    try:
+        yield
+    finally:
+        _state["waiting"] = before
+
+
+ARRIVE, GO = 901, 902
+"""Tags of :func:`rendezvous`."""
+
+
+def rendezvous(comm, label: str) -> None:
+    """A barrier in which rank 0 knows who has not arrived yet, and says so on timeout.
+
+    Every rank tells rank 0 it has reached ``label``; rank 0 polls until all have,
+    then lets them go. A stopped or dead rank is so named by rank 0, where a plain
+    barrier could only say "all ranks".
+    """
+    if comm.size == 1:
+        return
+    token = bytearray(1)
+    if comm.rank == 0:
+        reqs = {r: comm.Irecv(bytearray(1), source=r, tag=ARRIVE) for r in range(1, comm.size)}
+        with waiting(f"all ranks to reach {label}"):
+            while reqs:
+                for r in [r for r, q in reqs.items() if q.Test()]:
+                    del reqs[r]
+                if reqs:
+                    missing = sorted(reqs)
+                    shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
+                    _state["waiting"] = f"rank(s) {shown} to reach {label}"
+                    time.sleep(0.0005)
+        for r in range(1, comm.size):
+            comm.Send(token, dest=r, tag=GO)
+    else:
+        with waiting(f"rank 0 to see every rank reach {label}"):
+            comm.Send(token, dest=0, tag=ARRIVE)
+            comm.Recv(token, source=0, tag=GO)
+
+
+def arm(comm, seconds: float) -> None:
+    """Start this rank's watchdog (once); it ends the job after ``seconds``."""
+    if _state["timer"] is not None:
+        return
+    timer = threading.Timer(seconds, _expire)
+    timer.daemon = True
+    _state.update(comm=comm, seconds=seconds, timer=timer)
+    timer.start()
+
+
+def disarm() -> None:
+    """Stop the watchdog (for a library caller or a test that runs in-process)."""
+    if _state["timer"] is not None:
+        _state["timer"].cancel()
+        _state["timer"] = None
+
+
+def _expire() -> None:
+    comm, seconds = _state["comm"], _state["seconds"]
+    waited = _state["waiting"]
+    if waited is not None:
+        # The stuck rank, if it can, names itself and ends the job first. Otherwise
+        # every waiting rank says whom it waits for, so the chain of waits leads to
+        # the stuck one; ranks that wait only for rank 0's go-ahead speak last, in
+        # case rank 0 itself is the one stopped.
+        time.sleep(2 * GRACE if waited.startswith("rank 0 to see") else GRACE)
+        what = (f"has waited {seconds:g} s for {waited} during {_state['phase']}, "
+                f"which did not come")
+    else:
+        what = f"is stuck in {_state['phase']} after {seconds:g} s"
+    sys.stderr.write(f"gqa_mpi: rank {comm.rank} {what} (--timeout); aborting all "
+                     f"{comm.size} ranks\n")
+    sys.stderr.flush()
+    if waited is not None:
+        time.sleep(1.0)  # let the other waiting ranks say whom they wait for
+    fallback = threading.Timer(5.0, lambda: os._exit(EXIT_TIMEOUT))
+    fallback.daemon = True
+    fallback.start()
+    comm.Abort(EXIT_TIMEOUT)
+
+
+def early_timeout(argv) -> Optional[float]:
+    """The ``--timeout`` value of ``argv`` if it is a valid one, before full parsing."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    for i, a in enumerate(args):
+        value = None
+        if a == "--timeout" and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith("--timeout="):
+            value = a.split("=", 1)[1]
+        if value is not None:
+            try:
+                t = float(value)
+            except ValueError:
+                return None
+            return t if 0 < t < float("inf") else None
+    return None
