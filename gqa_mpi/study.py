@@ -25,17 +25,19 @@ from __future__ import annotations
 
 import argparse
 import csv
+import glob
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Dict, Iterable, List, Optional
 
 from .launcher import mpirun_command
+from .outputs import check_paths
 from .report import PHASES
 
 KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid")
@@ -115,13 +117,64 @@ def launch_command(launcher: Optional[str], n: int, argv: List[str]) -> List[str
 
 # ---------------------------------------------------------------- results file
 
-def read_results(path: str) -> List[Dict]:
-    """Rows of a results CSV; a line cut short by a kill is ignored."""
+class StudyError(Exception):
+    """A study that cannot go on as asked: printed as one line, exit 2."""
+
+
+STATUSES = ("ok", "check_failed", "failed", "timeout")
+
+
+def _row_ok(row: Dict) -> bool:
+    """A whole row: every column present, a known status, a numeric repeat."""
+    if None in row or any(v is None for v in row.values()):
+        return False
+    return row["status"] in STATUSES and row["repeat"].isdigit() and bool(row["run_id"])
+
+
+def read_results(path: str, repair: bool = False) -> List[Dict]:
+    """The finished runs of a results CSV.
+
+    A damaged header is refused (rather than rerunning everything into a file that
+    holds results). A last line cut short by a kill is dropped, and with ``repair`` cut
+    off the file, so the next row does not glue onto it; other garbage rows are skipped
+    with a warning (their runs are redone), never deleted.
+    """
     if not os.path.exists(path):
         return []
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-    return [r for r in rows if r.get("error") is not None and r.get("status")]
+    if not os.path.isfile(path):
+        raise StudyError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    cut = lines[-1] != b""            # no newline at the end: a row cut by a kill
+    text = data.decode("utf-8", errors="replace")
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if header != list(COLUMNS):
+        raise StudyError(f"{path}: the header is not a gqa_mpi study's (damaged, or another "
+                         f"file, or an older version); move it away or choose another --out")
+    rows, garbage = [], []
+    for n, fields in enumerate(reader, start=2):
+        row = dict(zip(COLUMNS, fields)) if len(fields) == len(COLUMNS) else {None: fields}
+        if _row_ok(row) and not (cut and n == len(lines)):
+            rows.append(row)
+        elif not (cut and n == len(lines)):
+            garbage.append(n)
+    if garbage:
+        sys.stderr.write(f"gqa_mpi.study: {path}: skipped {len(garbage)} damaged row(s) "
+                         f"(line(s) {', '.join(map(str, garbage[:10]))}); their runs are "
+                         f"redone\n")
+    if cut and repair:
+        keep = len(data) - len(lines[-1])
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        sys.stderr.write(f"gqa_mpi.study: {path}: dropped a last line cut short "
+                         f"({len(lines[-1])} bytes); every whole row is kept\n")
+    return rows
 
 
 def append_row(path: str, row: Dict) -> None:
@@ -181,24 +234,65 @@ class Progress:
         self.new += 1
 
 
-def run_point(point: Dict, repeat: int, launcher: Optional[str], timeout: float) -> Dict:
+def _die_with_parent() -> None:
+    """In the launch's process: get SIGTERM when the study dies, even by kill -9, so
+    that no launch runs on forever without it (Linux; elsewhere a no-op)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _end(proc: subprocess.Popen) -> None:
+    """End a launch and every rank under it: SIGTERM, then SIGKILL after 3 s."""
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 30.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            proc.communicate(timeout=wait)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT reached the study."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _record_prefix(out: str) -> str:
+    """Where the launches of a study write their run records: beside its CSV, hidden."""
+    directory, name = os.path.split(os.path.abspath(out))
+    return os.path.join(directory, f".{name}.run-")
+
+
+def run_point(point: Dict, repeat: int, launcher: Optional[str], timeout: float,
+              out: str) -> Dict:
     """One launch of one point; a row for the CSV whatever happened."""
-    fd, json_path = tempfile.mkstemp(prefix="gqa-study-", suffix=".json")
-    os.close(fd)
-    os.unlink(json_path)
+    json_path = f"{_record_prefix(out)}{os.getpid()}-{time.time_ns()}.json"
     cmd = launch_command(launcher, point["ranks"], gqa_args(point, json_path))
     row = dict(point, run_id=run_id(point), repeat=repeat,
                finished_at="", host=os.uname().nodename)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_die_with_parent)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)       # the launcher and every rank under it
-        proc.communicate()
+        _end(proc)
         return dict(row, status="timeout", wall_s=time.monotonic() - t0,
                     error=f"no result after {timeout:g} s")
+    except BaseException:       # SIGTERM/SIGINT to the study: end the launch, record nothing
+        _end(proc)
+        if os.path.exists(json_path):
+            os.unlink(json_path)
+        raise
     wall = time.monotonic() - t0
     try:
         if proc.returncode not in (0, 1) or not os.path.exists(json_path):
@@ -218,19 +312,32 @@ def run_point(point: Dict, repeat: int, launcher: Optional[str], timeout: float)
 def run_study(args) -> int:
     points = plan(args)
     runs = [(p, r) for p in points for r in range(args.repeats)]
-    done = {(r["run_id"], int(r["repeat"])) for r in read_results(args.out)
+    done = {(r["run_id"], int(r["repeat"])) for r in read_results(args.out, repair=True)
             if r["status"] == "ok"}
+    for stale in glob.glob(glob.escape(_record_prefix(args.out)) + "*.json"):
+        os.unlink(stale)          # left by a study of this CSV killed with -9
     todo = [(p, r) for p, r in runs if (run_id(p), r) not in done]
     print(f"study {args.kind}: {len(points)} point(s) x {args.repeats} repeat(s) = "
           f"{len(runs)} run(s); {len(runs) - len(todo)} already in {args.out}, "
           f"{len(todo)} to go", file=sys.stderr)
     progress = Progress(len(runs), len(runs) - len(todo))
     failures = 0
+
+    def interrupted(signum, frame):
+        raise Interrupted(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, interrupted)
     for point, repeat in todo:
         progress.show(f"ranks={point['ranks']} S_kv={point['seq_len']} "
                       f"{args.kind} repeat {repeat + 1}")
-        row = run_point(point, repeat, args.launcher, args.timeout)
-        append_row(args.out, row)
+        row = run_point(point, repeat, args.launcher, args.timeout, args.out)
+        blocked = {signal.SIGTERM, signal.SIGINT}
+        signal.pthread_sigmask(signal.SIG_BLOCK, blocked)   # a row is written whole
+        try:
+            append_row(args.out, row)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, blocked)
         failures += row["status"] != "ok"
         progress.step()
         if row["status"] != "ok":
@@ -478,7 +585,14 @@ def main(argv=None) -> int:
             print(path)
         return 0
     if args.command == "summary":
-        summarise(read_results(args.csv), sys.stdout)
+        if not os.path.isfile(args.csv):
+            print(f"gqa_mpi.study: error: {args.csv}: no such results file", file=sys.stderr)
+            return 2
+        try:
+            summarise(read_results(args.csv), sys.stdout)
+        except StudyError as e:
+            print(f"gqa_mpi.study: error: {e}", file=sys.stderr)
+            return 2
         return 0
     values = dict(DEFAULTS)
     if args.config:
@@ -489,9 +603,40 @@ def main(argv=None) -> int:
     extra = args.extra or values.get("extra", [])
     merged = argparse.Namespace(**values)
     merged.extra = shlex.split(extra) if isinstance(extra, str) else list(extra)
-    if merged.repeats < 1 or merged.timeout <= 0:
-        raise SystemExit("gqa_mpi.study: --repeats and --timeout must be positive")
-    return run_study(merged)
+    try:
+        check_study_args(merged)
+        return run_study(merged)
+    except StudyError as e:
+        print(f"gqa_mpi.study: error: {e}", file=sys.stderr)
+        return 2
+    except Interrupted as e:
+        print(f"\ngqa_mpi.study: interrupted by {e}: the launch in flight was ended and "
+              f"not recorded; finished runs are in {merged.out}, run the same command to "
+              f"resume", file=sys.stderr)
+        return 128 + e.signum
+
+
+def check_study_args(args) -> None:
+    """Raise StudyError (one line) for arguments that cannot make a study."""
+    try:
+        ranks = _ints(args.ranks)
+    except ValueError:
+        raise StudyError(f"--ranks {args.ranks!r}: expected rank counts such as 1,2,4,8,16")
+    if not ranks or min(ranks) < 1:
+        raise StudyError(f"--ranks {args.ranks!r}: every rank count must be at least 1")
+    if args.repeats < 1 or not (args.timeout > 0 and args.timeout < float("inf")):
+        raise StudyError("--repeats and --timeout must be positive")
+    why = check_paths({"--out": args.out})
+    if why:
+        raise StudyError(why)
+    launcher = shlex.split(args.launcher.replace("{n}", "1")) if args.launcher else None
+    if launcher and not shutil.which(launcher[0]):
+        raise StudyError(f"--launcher: {launcher[0]!r} is not a command found on PATH")
+    if not launcher:
+        try:
+            mpirun_command(1, [])
+        except FileNotFoundError as e:
+            raise StudyError(str(e))
 
 
 if __name__ == "__main__":

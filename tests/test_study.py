@@ -83,3 +83,122 @@ def test_bad_config_key(tmp_path):
     proc = subprocess.run(STUDY + ["run", "--config", str(cfg)], capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode != 0 and "unknown key(s) rankz" in proc.stderr
+
+
+# ---------------------------------------------------------------- kills and damage
+
+MARK = str(6_000_000 + (os.getpid() * 7919 + time.time_ns() // 1000) % 3_000_000)
+HANG = dict(os.environ, GQA_MPI_FAULT="hang:0:local_attention", PYTHONUNBUFFERED="1")
+
+
+def marked_left():
+    out = subprocess.run(["pgrep", "-f", "--", f"--seed {MARK}"], capture_output=True,
+                         text=True)
+    return out.stdout.split()
+
+
+def wait_until(cond, within, what):
+    deadline = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def hanging_study(out):
+    cmd = STUDY + ["run", "--kind", "strong", "--ranks", "2", "--repeats", "1",
+                   "--seq-len", "1000", "--heads-q", "4", "--heads-kv", "2",
+                   "--head-dim", "8", "--out", str(out), "--", "--seed", MARK]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=HANG)
+    wait_until(lambda: len(marked_left()) >= 3, 60, "the launch never started")
+    return proc
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_ends_the_launch_records_nothing_and_resumes(tmp_path, sig):
+    out = tmp_path / "s.csv"
+    proc = hanging_study(out)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, err
+    assert "interrupted by" in err and "run the same command to resume" in err
+    assert "Traceback" not in err
+    wait_until(lambda: not marked_left(), 15, f"ranks left running: {marked_left()}")
+    assert not out.exists()                               # nothing half-done recorded
+    assert os.listdir(tmp_path) == []                     # no temp record left
+
+
+def test_kill_9_of_the_study_takes_its_launch_along(tmp_path):
+    proc = hanging_study(tmp_path / "s.csv")
+    proc.kill()
+    proc.communicate(timeout=30)
+    wait_until(lambda: not marked_left(), 20, f"ranks outlived the study: {marked_left()}")
+
+
+def quick_study(out, repeats, **kw):
+    return subprocess.run(STUDY + ["run", "--kind", "strong", "--ranks", "1",
+                                   "--repeats", str(repeats), "--seq-len", "500",
+                                   "--heads-q", "4", "--heads-kv", "2", "--head-dim", "8",
+                                   "--out", str(out)], capture_output=True, text=True,
+                          timeout=120, **kw)
+
+
+def test_a_cut_last_line_is_repaired_and_no_row_is_lost_or_glued(tmp_path):
+    out = tmp_path / "s.csv"
+    assert quick_study(out, 2).returncode == 0
+    whole = out.read_text()
+    first_two = rows(out)
+    with open(out, "a") as f:                            # a kill in the middle of a row
+        f.write(whole.splitlines()[-1][:40])
+    again = quick_study(out, 3)
+    assert again.returncode == 0, again.stderr
+    assert "dropped a last line cut short" in again.stderr
+    final = rows(out)
+    assert final[:2] == first_two and len(final) == 3
+    assert all(len(line.split(",")) >= 40 for line in out.read_text().splitlines())
+
+
+def test_garbage_rows_are_skipped_and_kept(tmp_path):
+    out = tmp_path / "s.csv"
+    assert quick_study(out, 1).returncode == 0
+    text = out.read_text().splitlines()
+    out.write_text("\n".join([text[0], "garbage,row", text[1]]) + "\n")
+    again = quick_study(out, 2)
+    assert again.returncode == 0, again.stderr
+    assert "skipped 1 damaged row(s) (line(s) 2)" in again.stderr
+    assert "garbage,row" in out.read_text()               # never deleted
+    assert "1 already in" in again.stderr
+
+
+def test_a_damaged_header_is_refused_not_rerun(tmp_path):
+    out = tmp_path / "s.csv"
+    out.write_text("run_id,repeat,whatever\nx,0,1\n")
+    before = out.read_text()
+    proc = quick_study(out, 1)
+    assert proc.returncode == 2 and "the header is not a gqa_mpi study's" in proc.stderr
+    assert out.read_text() == before
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--ranks", "0"], "at least 1"),
+    (["--ranks", "two"], "expected rank counts"),
+    (["--ranks", "1,-4"], "at least 1"),
+    (["--repeats", "0"], "must be positive"),
+    (["--out", "/tmp"], "is a directory"),
+    (["--out", "/nonexistent/s.csv"], "does not exist"),
+    (["--out", "/dev/null"], "character device"),
+    (["--launcher", "no-such-launcher -n {n}"], "is not a command found on PATH"),
+])
+def test_bad_study_arguments_are_one_line(capsys, args, words):
+    from gqa_mpi import study
+    code = study.main(["run", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and words in err, err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_summary_of_a_missing_file_is_one_line(capsys, tmp_path):
+    from gqa_mpi import study
+    assert study.main(["summary", str(tmp_path / "nope.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "no such results file" in err and len(err.strip().splitlines()) == 1
