@@ -34,7 +34,7 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
     (B, T_q, h_q*d) or (T_q, h_q*d) of ``dtype``, the layout of ``q``.
     """
     squeeze = np.ndim(q) == 2
-    q, k, v = (np.asarray(x, dtype=dtype) for x in (q, k, v))
+    q, k, v = (np.asarray(x) for x in (q, k, v))       # converted one head at a time
     if squeeze:
         q, k, v = q[None], k[None], v[None]
     B, T_q, width_q = q.shape
@@ -49,20 +49,21 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
     if causal:
         visible = np.arange(S_kv)[None, :] <= (S_kv - T_q + np.arange(T_q))[:, None]
     out = np.zeros((B, T_q, h_q, d), dtype=dtype)
-    qh = q.reshape(B, T_q, h_q, d)
+    qh = q.reshape(B, T_q, h_q, d).astype(dtype)
     for h in range(h_kv):
-        kh = k[:, :, h * d:(h + 1) * d]                      # (B, S, d)
-        vh = v[:, :, h * d:(h + 1) * d]
-        qg = qh[:, :, h * G:(h + 1) * G]                     # (B, T_q, G, d)
+        kh = k[:, :, h * d:(h + 1) * d].astype(dtype)     # (B, S, d)
+        vh = v[:, :, h * d:(h + 1) * d].astype(dtype)
+        qg = qh[:, :, h * G:(h + 1) * G].reshape(B, T_q * G, d)
         with np.errstate(all="ignore"):                  # NaN and inf propagate
-            s = np.einsum("btgd,bsd->btgs", qg, kh) * scale
+            s = (qg @ kh.transpose(0, 2, 1)).reshape(B, T_q, G, S_kv) * scale
             s = np.where(visible[None, :, None, :], s, -np.inf)
             smax = s.max(axis=-1, keepdims=True, initial=-np.inf)
             smax = np.where(np.isneginf(smax), 0, smax)  # a row that sees no key
             p = np.exp(s - smax)
             denom = p.sum(axis=-1, keepdims=True)
             p = np.divide(p, denom, out=np.zeros_like(p), where=denom != 0)
-            out[:, :, h * G:(h + 1) * G] = np.einsum("btgs,bsd->btgd", p, vh)
+            out[:, :, h * G:(h + 1) * G] = (p.reshape(B, T_q * G, S_kv) @ vh
+                                            ).reshape(B, T_q, G, d)
     out = out.reshape(B, T_q, h_q * d)
     return out[0] if squeeze else out
 

@@ -37,9 +37,10 @@ def check_output(cfg: Config, output: np.ndarray, m_rounding: float):
     kernel's arithmetic lands from exact attention on the same inputs.
     """
     q, k, v = load_slice(cfg, 0, cfg.seq_len)   # the whole of K and V, on the root only
-    if cfg.kv_dtype == "float16" and not cfg.kernel_faithful:
-        # the ranks hold K and V in float16: the reference sees the same values
-        k, v = (np.asarray(x, dtype=np.float16) for x in (k, v))
+    # drawn (or read) once for the reference and the control; float16 when the ranks
+    # hold K and V in float16, so that the reference sees the same values
+    held = np.float16 if cfg.kv_dtype == "float16" and not cfg.kernel_faithful else None
+    k, v = (np.asarray(x, dtype=held) for x in (k, v))
     out = output if cfg.batched else output[None]
     tolerance = report.tolerance(cfg.wire, m_rounding)
     if not cfg.kernel_faithful:

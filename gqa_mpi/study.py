@@ -422,9 +422,12 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         raise SystemExit(f"gqa_mpi.study plot: no finished runs in {csv_path}")
     os.makedirs(out_dir, exist_ok=True)
     written = []
+    stem = os.path.splitext(os.path.basename(csv_path))[0]
 
     def save(fig, name):
-        path = os.path.join(out_dir, name)
+        # named after the CSV too, so two studies plotted into one folder both survive
+        kind = name.split("_")[0]
+        path = os.path.join(out_dir, name if stem == kind else f"{stem}_{name}")
         fig.tight_layout()
         tmp = path + ".tmp.png"
         fig.savefig(tmp, dpi=120)
@@ -461,7 +464,7 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         ax.axhline(1.0, ls="--", color="gray")
         ax.set_xscale("log", base=2)
         ax.set_xticks(n, [str(x) for x in n])
-        ax.set_ylim(0, 1.15)
+        ax.set_ylim(0, max(1.15, 1.05 * max(p["efficiency"] for p in pts)))
         ax.set_xlabel("MPI ranks")
         ax.set_ylabel("parallel efficiency")
         ax.set_title(title, fontsize=9)

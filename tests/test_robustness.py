@@ -78,10 +78,9 @@ def test_exception_on_one_rank_aborts_all_and_is_printed_once():
 
 
 WATCHDOG_CASES = {  # fault: words naming the stuck rank
-    "hang:6:reduce": "rank 6 is stuck in reduce after 3 s",
+    "hang:6:reduce": "rank 6 is stuck in reduce after 2 s",
     "stop:2:local_attention": "for rank 2 (intra_",              # named by a neighbour
     "stop:3:start": "for rank(s) 3 to reach start-up",         # named by rank 0
-    "stop:5:inputs": "for rank(s) 5 to reach the end of inputs",
     "stop:0:start": "for rank 0 to see every rank reach start-up",
 }
 
@@ -91,10 +90,10 @@ def test_the_watchdog_ends_the_job_and_names_the_stuck_rank(fault):
     """A rank that hangs names itself; one frozen by SIGSTOP (its watchdog cannot run)
     is named by whoever waits for it, also before the configuration is agreed."""
     t0 = time.monotonic()
-    proc = launch(8, ["--seq-len", 2000, "--seed", MARK, "--timeout", 3], timeout=60,
+    proc = launch(8, ["--seq-len", 2000, "--seed", MARK, "--timeout", 2], timeout=60,
                   env={"GQA_MPI_FAULT": fault})
     assert proc.returncode == 3, proc.stderr
-    assert time.monotonic() - t0 < 3 + 20
+    assert time.monotonic() - t0 < 2 + 20
     assert WATCHDOG_CASES[fault] in proc.stderr, proc.stderr
     assert "(--timeout); aborting all 8 ranks" in proc.stderr
     assert_no_leftovers()

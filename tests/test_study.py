@@ -71,8 +71,8 @@ def test_config_file_and_plots(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert plot.returncode == 0, plot.stderr
     names = sorted(os.listdir(tmp_path / "png"))
-    assert names == sorted(f"weak_{k}.png" for k in ("time", "efficiency", "breakdown",
-                                                      "throughput"))
+    assert names == sorted(f"w_weak_{k}.png" for k in ("time", "efficiency", "breakdown",
+                                                        "throughput"))
     for name in names:
         assert (tmp_path / "png" / name).read_bytes()[:4] == b"\x89PNG"
 
