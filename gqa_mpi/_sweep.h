@@ -81,6 +81,9 @@ static inline __attribute__((always_inline)) VF NAME(vexp)(VF x) {
 #ifndef KHINT
 #define KHINT 2
 #endif
+#ifndef DCH
+#define DCH 8
+#endif
 #ifndef VFETCH
 #define VFETCH 1
 #endif
@@ -110,16 +113,25 @@ static inline __attribute__((always_inline)) void NAME(tile_rows)(
         const char *vfetch = (const char *)v + (size_t)bi * 16 * d * es;
         const int fk = fetch && bi + AHEAD < kb_end, fv = fetch && bi + 1 < b1;
         for (int u = 0; u < 16 / VL; u++) {
-            VF acc[8];
-            for (int r = 0; r < RB; r++) acc[r] = zero;
-            for (Py_ssize_t i = 0; i < d; i++) {
-                if (u == 0) {  /* K and V blocks are 16*d*es bytes: 16*es per step */
-                    if (fk) __builtin_prefetch(kfetch + (size_t)i * 16 * es, 0, KHINT);
-                    if (VFETCH && fv) __builtin_prefetch(vfetch + (size_t)i * 16 * es, 0, 2);
+            /* q . k in chunks of DCH dimensions, each summed from zero and then added
+             * to the total: with |scores| large (1e5, say) a single running sum over d
+             * rounds d times at the total's magnitude, several times what BLAS does */
+            VF acc[8], tot[8];
+            for (int r = 0; r < RB; r++) tot[r] = zero;
+            for (Py_ssize_t i0 = 0; i0 < d; i0 += DCH) {
+                const Py_ssize_t i1 = i0 + DCH < d ? i0 + DCH : d;
+                for (int r = 0; r < RB; r++) acc[r] = zero;
+                for (Py_ssize_t i = i0; i < i1; i++) {
+                    if (u == 0) {  /* K and V blocks are 16*d*es bytes: 16*es per step */
+                        if (fk) __builtin_prefetch(kfetch + (size_t)i * 16 * es, 0, KHINT);
+                        if (VFETCH && fv) __builtin_prefetch(vfetch + (size_t)i * 16 * es, 0, 2);
+                    }
+                    VF kv = LOADV(half, k, kb + (size_t)i * 16 + (size_t)u * VL);
+                    for (int r = 0; r < RB; r++) acc[r] += qt[i * RB + r] * kv;
                 }
-                VF kv = LOADV(half, k, kb + (size_t)i * 16 + (size_t)u * VL);
-                for (int r = 0; r < RB; r++) acc[r] += qt[i * RB + r] * kv;
+                for (int r = 0; r < RB; r++) tot[r] += acc[r];
             }
+            for (int r = 0; r < RB; r++) acc[r] = tot[r];
             const Py_ssize_t tok0 = bi * 16 + u * VL;
             VI tok = lane + (int32_t)tok0;
             for (int r = 0; r < RB; r++) {

@@ -29,8 +29,10 @@ def tolerance(wire: str, m_rounding: float) -> float:
     return TOLERANCE[wire] + 2 * m_rounding
 
 
-CONTROL_FACTOR = 3.0
-"""The check also accepts an error up to this multiple of the float32 control's own."""
+CONTROL_FACTOR = 4.0
+"""The check also accepts an error up to this multiple of the float32 control's own
+(measured on ill-conditioned problems: the NumPy sweep up to 1.4x, the fused kernel,
+whose summation order differs from BLAS', up to 2.9x)."""
 
 
 def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
