@@ -22,6 +22,7 @@ from .config import DEFAULT_GRID, KERNELS, KV_DTYPES, REDUCES, WIRES, Config, de
 from .inputs import InputError, inspect_inputs
 from . import faults, sizing, watchdog
 from .driver import rank_tokens
+from .kernels import select as select_kernel
 from .outputs import Interrupted, check_paths, npy_bytes
 from .run import run
 
@@ -255,6 +256,7 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> tuple:
                      reduce=args.reduce, split=args.split,
                      allow_nonfinite=args.allow_nonfinite, timeout=args.timeout,
                      **fields)
+        select_kernel(cfg.kernel)          # --kernel fused where it cannot load: one line
     except ValueError as e:
         raise UsageError(str(e)) from None
     with watchdog.waiting("rank 0 (checking output paths)"):

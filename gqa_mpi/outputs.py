@@ -30,7 +30,7 @@ TEMP_PREFIX, TEMP_SUFFIX = ".gqa_mpi-", ".tmp"
 
 
 class Interrupted(Exception):
-    """SIGTERM or SIGINT arrived while an output was being written."""
+    """SIGTERM or SIGINT arrived (while an output was written, or during a study)."""
 
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)

@@ -37,7 +37,7 @@ import time
 from typing import Dict, Iterable, List, Optional
 
 from .launcher import mpirun_command
-from .outputs import check_paths
+from .outputs import Interrupted, check_paths
 from .report import PHASES
 
 KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid")
@@ -256,14 +256,6 @@ def _end(proc: subprocess.Popen) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
-
-
-class Interrupted(Exception):
-    """SIGTERM or SIGINT reached the study."""
-
-    def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
-        self.signum = signum
 
 
 def _record_prefix(out: str) -> str:

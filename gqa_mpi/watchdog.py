@@ -25,7 +25,8 @@ from typing import Optional
 
 EXIT_TIMEOUT = 3
 GRACE = 2.0
-"""Seconds a waiting rank leaves the stuck rank to name itself."""
+"""Seconds a waiting rank leaves the stuck rank to name itself (a quarter of the
+timeout when that is shorter)."""
 
 _state = dict(phase="start-up", waiting=None, comm=None, seconds=None, timer=None)
 
@@ -104,7 +105,8 @@ def _expire() -> None:
         # every waiting rank says whom it waits for, so the chain of waits leads to
         # the stuck one; ranks that wait only for rank 0's go-ahead speak last, in
         # case rank 0 itself is the one stopped.
-        time.sleep(2 * GRACE if waited.startswith("rank 0 to see") else GRACE)
+        grace = min(GRACE, 0.25 * seconds)
+        time.sleep(2 * grace if waited.startswith("rank 0 to see") else grace)
         what = (f"has waited {seconds:g} s for {waited} during {_state['phase']}, "
                 f"which did not come")
     else:
@@ -113,7 +115,7 @@ def _expire() -> None:
                      f"{comm.size} ranks\n")
     sys.stderr.flush()
     if waited is not None:
-        time.sleep(1.0)  # let the other waiting ranks say whom they wait for
+        time.sleep(min(1.0, 0.25 * seconds))  # let the other waiting ranks speak too
     fallback = threading.Timer(5.0, lambda: os._exit(EXIT_TIMEOUT))
     fallback.daemon = True
     fallback.start()

@@ -187,3 +187,17 @@ def test_auto_falls_back_to_numpy_with_one_line(monkeypatch):
     with pytest.raises(ValueError, match="--kernel fused: .*--kernel numpy"):
         kernels.select("fused")
     assert kernels.select("numpy") == (kernels.NumpyKernel, None)
+
+
+def test_kernel_fused_that_cannot_load_is_a_usage_error(monkeypatch, capsys):
+    from gqa_mpi import cli
+    monkeypatch.setattr(kernels, "_fused", None)
+    monkeypatch.setattr(kernels, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")
+    assert cli.main(["--kernel", "fused", "--seq-len", "64"]) == 2
+    err = capsys.readouterr().err
+    assert "--kernel fused: gqa_mpi._fused is not available" in err
+    assert len(err.strip().splitlines()) == 1
+    assert cli.main(["--seq-len", "64", "--heads-q", "4", "--heads-kv", "2",
+                     "--head-dim", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "kernel    numpy; K/V resident as float32; NOTE fused kernel unavailable" in out
