@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 
 from . import kernels  # noqa: E402
 from .attention import fold_queries, local_attention  # noqa: E402
-from .launcher import gqa_command, mpirun_command  # noqa: E402
+from .launcher import gqa_command, mpirun_command, plain  # noqa: E402
 from .outputs import write_json  # noqa: E402
 
 
@@ -249,7 +249,7 @@ def print_tables(result: Dict) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
-        prog="python -m gqa_mpi.bench", description=__doc__,
+        prog="python -m gqa_mpi.bench", description=plain(__doc__),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", default="8K,64K,256K",
                    help="slice lengths S_local, e.g. 8K,64K (default %(default)s)")

@@ -129,6 +129,9 @@ class Config:
                                              and self.timeout > 0):
             raise ValueError(f"--timeout must be a positive number of seconds, "
                              f"got {self.timeout!r}")
+        if self.trace_tiles and self.trace is None:
+            raise ValueError("--trace-tiles adds tile events to the --trace timeline; "
+                             "give --trace FILE.json too")
         if self.kernel not in KERNELS:
             raise ValueError(f"--kernel must be one of {', '.join(KERNELS)}, "
                              f"got {self.kernel!r}")

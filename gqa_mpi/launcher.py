@@ -49,3 +49,10 @@ def mpirun_command(n: int, args: Sequence[str]) -> List[str]:
 def gqa_command(n: int, args: Sequence[str]) -> List[str]:
     """``mpirun -n N python -m gqa_mpi <args>`` with this Python."""
     return mpirun_command(n, [sys.executable, "-m", "gqa_mpi", *args])
+
+
+def plain(doc: str) -> str:
+    """A module docstring as ``--help`` text: no RST markup, no table rules."""
+    lines = [line for line in doc.replace("``", "").splitlines()
+             if not (line.strip() and set(line.strip()) <= {"=", " "})]
+    return "\n".join(lines)

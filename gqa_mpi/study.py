@@ -36,7 +36,7 @@ import sys
 import time
 from typing import Dict, Iterable, List, Optional
 
-from .launcher import mpirun_command
+from .launcher import mpirun_command, plain
 from .outputs import Interrupted, check_paths
 from .report import PHASES
 
@@ -492,6 +492,8 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         pts = [p for p in points if p["study"] == kind]
         if not pts:
             continue
+        if kind == "tile":                  # 256 before 1024, whatever order was asked
+            pts.sort(key=lambda p: int(p["tile"]))
         fig, ax = plt.subplots(figsize=(6, 4.2))
         labels = [str(p[field]) for p in pts]
         local = [p["local_attention"] * 1e3 for p in pts]
@@ -534,7 +536,7 @@ def _load_config(path: str) -> Dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m gqa_mpi.study", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m gqa_mpi.study", description=plain(__doc__),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="run (or resume) a study",

@@ -5,6 +5,7 @@
 #
 #PBS -N gqa_mpi
 #PBS -l select=2:ncpus=8:mpiprocs=8
+# Torque uses the older form instead of the line above: #PBS -l nodes=2:ppn=8
 #PBS -l walltime=00:15:00
 #PBS -j oe
 set -euo pipefail

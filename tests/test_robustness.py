@@ -239,6 +239,7 @@ ARG_CASES = {  # run in-process on one rank
     "split wrong length": (["--split", "1,2,3", "--seq-len", 6], "3 token counts for 1 ranks"),
     "split wrong sum": (["--split", "2", "--seq-len", 6], "add up to 2"),
     "negative seed": (["--seed", -1], "--seed must be an integer from 0"),
+    "trace tiles without trace": (["--trace-tiles"], "give --trace FILE.json too"),
     "huge seed": (["--seed", 2 ** 64], "--seed must be an integer from 0"),
     "seq-len 1e10": (["--seq-len", 10 ** 10], "needs about"),
     "head-dim 1e9": (["--head-dim", 10 ** 9], "needs about"),
