@@ -24,6 +24,7 @@ from typing import Callable, Dict, Iterable, Optional
 import numpy as np
 
 from .faults import inject
+from .sizing import fmt
 
 TEMP_PREFIX, TEMP_SUFFIX = ".gqa_mpi-", ".tmp"
 """Temporary names are short and fixed in length, whatever the target's name."""
@@ -95,18 +96,10 @@ def check_paths(outputs: Dict[str, Optional[str]], inputs: Iterable[str] = (),
             free = st.f_bavail * st.f_frsize
             old = os.path.getsize(real) if os.path.isfile(real) else 0
             if need > free:  # the old file stays until the rename: count it as used
-                return (f"{where}: needs about {_fmt(need)} but {directory} has "
-                        f"{_fmt(free)} free (the old file, {_fmt(old)}, stays until the "
+                return (f"{where}: needs about {fmt(need)} but {directory} has "
+                        f"{fmt(free)} free (the old file, {fmt(old)}, stays until the "
                         f"new one is complete)")
     return None
-
-
-def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if n < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 @contextmanager

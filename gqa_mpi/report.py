@@ -8,6 +8,8 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from .sizing import fmt
+
 
 PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
 """Timed phases of a run, in order; ``step`` is local attention + reduce + finalize."""
@@ -73,14 +75,6 @@ def spread(values: List[float]) -> Dict[str, float]:
     """min / median / max of per-rank values."""
     a = np.asarray(values, dtype=np.float64)
     return dict(min=float(a.min()), median=float(np.median(a)), max=float(a.max()))
-
-
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
 
 
 def format_report(record: Dict) -> str:
@@ -163,7 +157,7 @@ def format_report(record: Dict) -> str:
         f"{name} {tm[name]['max'] * 1e3:.1f} ms" for name in tm))
     msg = record["messages"]
     mem = record["memory"]["peak_rss_mib"]
-    lines.append(f"traffic   {msg['count']} messages, {_fmt_bytes(msg['bytes'])}; "
+    lines.append(f"traffic   {msg['count']} messages, {fmt(msg['bytes'])}; "
                  f"peak memory per rank {mem['max']:.0f} MiB (max)")
     for key in ("output", "trace", "json"):
         if c.get(key):

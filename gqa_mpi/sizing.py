@@ -11,11 +11,10 @@ import os
 import re
 from typing import Optional
 
+from .kernels import CHUNK
+
 BASELINE = 96 << 20
 """Python, NumPy and MPI of one rank before any tensor (measured: 60-100 MiB)."""
-
-CHUNK = 8192
-"""Tokens made resident at a time (:data:`gqa_mpi.kernels.CHUNK`)."""
 
 
 def rank_bytes(cfg, tokens: int, root: bool) -> int:
