@@ -108,6 +108,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         REQUIRE(b[6].ndim == 1 && b[6].shape[0] == R && is_i64(&b[6]), "sweep: row_hi must be (R,) int64");
         row_hi = (const Py_ssize_t *)b[6].buf;
     }
+    if (tile > S) tile = S > 0 ? S : 1;  /* scratch is sized by the tile: never beyond S */
     if (hi > lo && R > 0 && d > 0) {
         const Py_ssize_t sw = 16 * ((tile + 15) / 16 + 1);  /* a tile spans at most this */
         float *scratch = NULL;  /* scores, weights, rows and O of one tile: 8*(2*sw + 2*d) */

@@ -103,6 +103,7 @@ class FusedKernel:
         :func:`key_blocks` layout, ``v`` resident, both float32 or both float16."""
         B, h_kv, R, d = q.shape
         S_local = v.shape[2]
+        tile = max(1, min(tile, S_local))   # the kernel's scratch is sized by the tile
         qs = np.ascontiguousarray(q * np.float32(scale), dtype=np.float32)
         p = empty_partial(B, h_kv, R, d)
         row_hi = None

@@ -84,6 +84,15 @@ def test_fused_matches_reference_and_numpy(isa, shape, dtype):
     assert np.abs(out - base).max() <= 3e-6 * scale
 
 
+def test_a_tile_far_longer_than_the_slice_allocates_nothing_for_it():
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 1, 4 * 16)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 300, 2 * 16)).astype(np.float32) for _ in "kv")
+    out, _ = run(kernels.FusedKernel, q, k, v, h_kv=2, d=16, tile=10 ** 15, dtype="float32")
+    base, _ = run(kernels.NumpyKernel, q, k, v, h_kv=2, d=16, tile=300, dtype="float32")
+    np.testing.assert_allclose(out, base, rtol=1e-5, atol=1e-6)
+
+
 def test_per_tile_calls_and_a_slice_in_the_middle_of_a_causal_sequence(isa):
     """The trace path (one call per tile) and a slice that starts at token 3000 of a
     causal 4000-token sequence give what the NumPy sweep gives."""
