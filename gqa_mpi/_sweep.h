@@ -112,34 +112,47 @@ static inline __attribute__((always_inline)) void NAME(tile_rows)(
         const char *kfetch = (const char *)k + (kb + (size_t)AHEAD * d * 16) * es;
         const char *vfetch = (const char *)v + (size_t)bi * 16 * d * es;
         const int fk = fetch && bi + AHEAD < kb_end, fv = fetch && bi + 1 < b1;
-        for (int u = 0; u < 16 / VL; u++) {
-            /* q . k in chunks of DCH dimensions, each summed from zero and then added
-             * to the total: with |scores| large (1e5, say) a single running sum over d
-             * rounds d times at the total's magnitude, several times what BLAS does */
-            VF acc[8], tot[8];
-            for (int r = 0; r < RB; r++) tot[r] = zero;
+        /* q . k for RB rows x UB vectors of tokens at once (all 16 tokens when the
+         * accumulators allow it, else one vector at a time), in chunks of DCH
+         * dimensions, each summed from zero and then added to the total: with |scores|
+         * large (1e5, say) a single running sum over d rounds d times at the total's
+         * magnitude, several times what BLAS does */
+        enum { NV = 16 / VL };
+        const int UB = RB * NV <= ACC ? NV : 1;
+        for (int u0 = 0; u0 < NV; u0 += UB) {
+            VF acc[8][NV], tot[8][NV];
+            for (int r = 0; r < RB; r++)
+                for (int u = 0; u < UB; u++) tot[r][u] = zero;
             for (Py_ssize_t i0 = 0; i0 < d; i0 += DCH) {
                 const Py_ssize_t i1 = i0 + DCH < d ? i0 + DCH : d;
-                for (int r = 0; r < RB; r++) acc[r] = zero;
+                for (int r = 0; r < RB; r++)
+                    for (int u = 0; u < UB; u++) acc[r][u] = zero;
                 for (Py_ssize_t i = i0; i < i1; i++) {
-                    if (u == 0) {  /* K and V blocks are 16*d*es bytes: 16*es per step */
+                    if (u0 == 0) {  /* K and V blocks are 16*d*es bytes: 16*es per step */
                         if (fk) __builtin_prefetch(kfetch + (size_t)i * 16 * es, 0, KHINT);
                         if (VFETCH && fv) __builtin_prefetch(vfetch + (size_t)i * 16 * es, 0, 2);
                     }
-                    VF kv = LOADV(half, k, kb + (size_t)i * 16 + (size_t)u * VL);
-                    for (int r = 0; r < RB; r++) acc[r] += qt[i * RB + r] * kv;
+                    VF kv[NV];
+                    for (int u = 0; u < UB; u++)
+                        kv[u] = LOADV(half, k, kb + (size_t)i * 16 + (size_t)(u0 + u) * VL);
+                    for (int r = 0; r < RB; r++) {
+                        const float qv = qt[i * RB + r];
+                        for (int u = 0; u < UB; u++) acc[r][u] += qv * kv[u];
+                    }
                 }
-                for (int r = 0; r < RB; r++) tot[r] += acc[r];
+                for (int r = 0; r < RB; r++)
+                    for (int u = 0; u < UB; u++) tot[r][u] += acc[r][u];
             }
-            for (int r = 0; r < RB; r++) acc[r] = tot[r];
-            const Py_ssize_t tok0 = bi * 16 + u * VL;
-            VI tok = lane + (int32_t)tok0;
-            for (int r = 0; r < RB; r++) {
-                VI ok = (tok >= (int32_t)t0) & (tok < (int32_t)row_hi[r]);
-                VF s = NAME(sel)(ok, acc[r], ninf);
-                memcpy(sc + r * sw + (tok0 - base), &s, sizeof s);
-                vnan[r] |= s != s;
-                vmax[r] = NAME(sel)(s > vmax[r], s, vmax[r]);
+            for (int u = 0; u < UB; u++) {
+                const Py_ssize_t tok0 = bi * 16 + (u0 + u) * VL;
+                VI tok = lane + (int32_t)tok0;
+                for (int r = 0; r < RB; r++) {
+                    VI ok = (tok >= (int32_t)t0) & (tok < (int32_t)row_hi[r]);
+                    VF s = NAME(sel)(ok, tot[r][u], ninf);
+                    memcpy(sc + r * sw + (tok0 - base), &s, sizeof s);
+                    vnan[r] |= s != s;
+                    vmax[r] = NAME(sel)(s > vmax[r], s, vmax[r]);
+                }
             }
         }
     }
