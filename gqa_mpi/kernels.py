@@ -38,7 +38,6 @@ BLOCK = 16
 """Tokens per K block of the fused layout (one AVX-512 vector of scores)."""
 
 
-
 def isa() -> str:
     """The instruction set the fused kernel runs on here, or 'none'."""
     return _fused.isa() if _fused is not None else "none"
