@@ -5,7 +5,7 @@ This module never imports MPI: it is the arithmetic of one PE, testable alone.
 Shapes used throughout (``R = G * T_q`` query rows per KV head)::
 
     q        (B, h_kv, R, d)        query rows grouped by the KV head they use
-    k, v     (B, h_kv, S_local, d)  the rank's resident slice, float32, contiguous
+    k, v     (B, h_kv, S_local, d)  the rank's resident slice, float32 or float16
     Partial  m, l: (B, h_kv, R)     O: (B, h_kv, R, d)
 
 Row ``r`` of KV head ``h`` is query head ``h * G + r // T_q`` at query position
@@ -20,7 +20,7 @@ import numpy as np
 
 __all__ = [
     "Partial", "empty_partial", "merge", "fold_queries", "unfold_output",
-    "resident", "local_attention", "causal_limits", "finalize",
+    "local_attention", "causal_limits", "finalize",
 ]
 
 
@@ -90,20 +90,6 @@ def unfold_output(o: np.ndarray, T_q: int) -> np.ndarray:
              .reshape(B, T_q, h_kv * G * d))
 
 
-def resident(rows: np.ndarray, h_kv: int, d: int, dtype=np.float32) -> np.ndarray:
-    """Lay out a K or V slice for the tile sweep, once, when it is loaded.
-
-    ``(B, S_local, h_kv*d)`` (any float dtype, possibly a memory map) becomes a
-    contiguous ``(B, h_kv, S_local, d)`` of ``dtype`` (float32, or float16 to hold
-    half the bytes as the accelerator does): every tile of every head is then one
-    contiguous block that BLAS reads without a copy.
-    """
-    B, S_local, _ = rows.shape
-    out = np.empty((B, h_kv, S_local, d), dtype=dtype)
-    out[...] = rows.reshape(B, S_local, h_kv, d).transpose(0, 2, 1, 3)
-    return out
-
-
 @np.errstate(over="ignore", invalid="ignore")  # overflowed scores become NaN, reported
 def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
                     scale: float, tile: int = 1024, start: int = 0,
@@ -117,7 +103,8 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     q : (B, h_kv, R, d) float32
         Folded queries (:func:`fold_queries`).
     k, v : (B, h_kv, S_local, d) float32 or float16
-        The rank's resident slice (:func:`resident`); ``S_local`` may be 0. float16
+        The rank's resident slice (:func:`gqa_mpi.kernels.make_resident`);
+        ``S_local`` may be 0. float16
         tiles are widened to float32 one tile at a time; accumulation is float32.
     scale : float
         Multiplies every score ``q . k``.

@@ -56,6 +56,8 @@ class StepResult:
     peak_rss_mib: float = 0.0
     kernel: str = "numpy"
     """The local kernel that ran (``--kernel auto`` may fall back to numpy)."""
+    kernel_note: Optional[str] = None
+    """Why ``--kernel auto`` fell back to numpy, if it did."""
     scores_nonfinite: bool = False
     """Some score of this rank's sweep was NaN or +inf (float32 overflow, or NaN input)."""
 
@@ -131,8 +133,8 @@ def decode_step(cfg: Config, topo: Topology) -> StepResult:
     comm = topo.comm
     start, stop = rank_tokens(cfg, topo.rank)
     rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
-    kernel, _ = select(cfg.kernel)
-    result = StepResult(None, start, stop, rec, kernel=kernel.name)
+    kernel, note = select(cfg.kernel)
+    result = StepResult(None, start, stop, rec, kernel=kernel.name, kernel_note=note)
     steps = {"chain": lambda: chain_schedule(topo.neighbours, topo.cube, topo.pe,
                                              topo.row, topo.col),
              "tree": lambda: tree_schedule(topo.rank, comm.size),

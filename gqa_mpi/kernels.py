@@ -68,7 +68,8 @@ def put_key_blocks(out: np.ndarray, rows: np.ndarray, at: int) -> None:
 
 def put_rows(out: np.ndarray, rows: np.ndarray, at: int) -> None:
     """Write ``rows`` ``(B, n, h_kv*d)`` as tokens ``at .. at+n`` of a resident
-    ``(B, h_kv, S, d)`` array (the layout of :func:`gqa_mpi.attention.resident`)."""
+    ``(B, h_kv, S, d)`` array: every tile of every head is then one contiguous block
+    that BLAS reads without a copy."""
     B, n, _ = rows.shape
     h_kv, d = out.shape[1], out.shape[3]
     out[:, :, at:at + n] = rows.reshape(B, n, h_kv, d).transpose(0, 2, 1, 3)

@@ -10,7 +10,7 @@ from mpi4py import MPI
 from . import outputs, report, watchdog
 from .config import Config
 from .driver import decode_step, load_slice
-from .kernels import isa, select
+from .kernels import isa
 from .reference import attention_reference, kernel_reference
 from .topology import Topology
 from .trace import chrome_trace
@@ -79,9 +79,8 @@ def run(comm: MPI.Comm, cfg: Config, quiet: bool = False) -> int:
                         chain_depth=cfg.chain_depth)
         record = report.build_record(cfg.as_dict(), topology, check, per_rank, cfg.output)
         record["faithful_vs_exact"] = vs_exact
-        _, fallback = select(cfg.kernel)
         record["kernel"] = dict(used=sorted({r["kernel"] for r in per_rank}), isa=isa(),
-                                fallback=fallback)
+                                fallback=result.kernel_note)
         record["numerics"] = dict(
             output_nonfinite=int(np.count_nonzero(~np.isfinite(result.output))),
             scores_nonfinite_ranks=[i for i, r in enumerate(per_rank)

@@ -6,7 +6,8 @@ import subprocess
 import numpy as np
 
 from gqa_mpi.attention import (causal_limits, empty_partial, finalize, fold_queries,
-                               local_attention, merge, resident, unfold_output)
+                               local_attention, merge, unfold_output)
+from gqa_mpi.kernels import NumpyKernel, make_resident
 from gqa_mpi.driver import token_range
 from gqa_mpi.launcher import gqa_command
 
@@ -57,9 +58,13 @@ def distributed(q, k, v, *, h_kv, n_ranks, tile, scale=None, causal=False, bound
     qf = fold_queries(q.astype(np.float32), h_kv, d)
     limit = causal_limits(S, T_q, G) if causal else None
     bounds = bounds or [token_range(S, n_ranks, r) for r in range(n_ranks)]
-    partials = [local_attention(qf, resident(k[:, start:stop], h_kv, d),
-                                resident(v[:, start:stop], h_kv, d), scale=scale,
-                                tile=tile, start=start, causal_limit=limit)
+    def held(start, stop):
+        rows = {"k": k[:, start:stop], "v": v[:, start:stop]}
+        return make_resident(NumpyKernel, lambda n, i, j: rows[n][:, i:j], stop - start,
+                             B, h_kv, d, np.float32)
+
+    partials = [local_attention(qf, *held(start, stop), scale=scale, tile=tile,
+                                start=start, causal_limit=limit)
                 for start, stop in bounds]
     if order is None:
         total = empty_partial(B, h_kv, G * T_q, d)
