@@ -1,8 +1,28 @@
 """gqa_mpi: an accelerator's long-context GQA decode kernel, emulated on MPI.
 
-Modules: :mod:`~gqa_mpi.attention` (the math of one PE, no MPI),
-:mod:`~gqa_mpi.topology` (communicators and neighbours), :mod:`~gqa_mpi.reduce`
-(the chain schedule), :mod:`~gqa_mpi.wire` (hop formats),
-:mod:`~gqa_mpi.driver` (one decode step), :mod:`~gqa_mpi.cli` (the command line).
+Layers, each importing only the ones above it:
+
+- :mod:`gqa_mpi.core`: the arithmetic and the data, NumPy only (no MPI);
+- :mod:`gqa_mpi.mpi`: communicators, executing a schedule, the decode step;
+- :mod:`gqa_mpi.app`: the config, :func:`decode`, the command line, check, record;
+- :mod:`gqa_mpi.tools`: launcher helpers, the scaling study and the bench.
+
+``from gqa_mpi import decode`` runs one distributed decode step on arrays the ranks
+hold (see :mod:`gqa_mpi.app.decode`); importing ``gqa_mpi`` itself loads no MPI.
 """
-__version__ = "0.1.0"
+__version__ = "0.2.0"
+
+__all__ = ["decode", "Config", "RunRecord"]
+
+
+def __getattr__(name):  # MPI is initialised on first use of the API, not on import
+    if name == "decode":
+        from .app.decode import decode
+        return decode
+    if name == "Config":
+        from .app.config import Config
+        return Config
+    if name == "RunRecord":
+        from .app.record import RunRecord
+        return RunRecord
+    raise AttributeError(f"module 'gqa_mpi' has no attribute {name!r}")

@@ -1,4 +1,4 @@
 """``mpirun -n 16 python -m gqa_mpi``: see ``python -m gqa_mpi --help``."""
-from gqa_mpi.cli import main
+from gqa_mpi.app.cli import main
 
 raise SystemExit(main())

@@ -65,8 +65,35 @@ class Recorder:
             self.seq += 1
 
 
+def flows(per_rank_events: List[List[Dict]]) -> List[Dict]:
+    """Flow arrows from each message's send to its receive, so Perfetto draws the chain.
+
+    MPI delivers the messages of one (sender, receiver, tag) in order, so the k-th send
+    of a tensor from rank a to rank b is the k-th receive of it at b from a. Each end of
+    an arrow sits in the middle of its message's slice.
+    """
+    ends: Dict[tuple, Dict[str, List[Dict]]] = {}
+    for rank, events in enumerate(per_rank_events):
+        for e in events:
+            if e["cat"] != "message":
+                continue
+            a = e["args"]
+            pair = (rank, a["peer"]) if a["op"] == "send" else (a["peer"], rank)
+            ends.setdefault(pair + (a["tensor"],), {"send": [], "recv": []})[a["op"]].append(e)
+    arrows = []
+    for (src, dst, tensor), sides in sorted(ends.items()):
+        order = lambda e: e["args"]["seq"]  # noqa: E731
+        for s, r in zip(sorted(sides["send"], key=order), sorted(sides["recv"], key=order)):
+            n = len(arrows) // 2 + 1
+            common = dict(name=f"{tensor} {src}->{dst}", cat="flow", id=n, tid=0)
+            arrows.append(dict(common, ph="s", pid=src, ts=s["ts"] + s["dur"] / 2))
+            arrows.append(dict(common, ph="f", bp="e", pid=dst, ts=r["ts"] + r["dur"] / 2))
+    return arrows
+
+
 def chrome_trace(per_rank_events: List[List[Dict]], names: List[str]) -> Dict:
-    """One trace-event document: a process row per rank, named after its place."""
+    """One trace-event document: a process row per rank, named after its place, and
+    an arrow from every send to its receive."""
     meta = []
     for rank, name in enumerate(names):
         meta.append(dict(name="process_name", ph="M", pid=rank, tid=0,
@@ -74,4 +101,4 @@ def chrome_trace(per_rank_events: List[List[Dict]], names: List[str]) -> Dict:
         meta.append(dict(name="process_sort_index", ph="M", pid=rank, tid=0,
                          args=dict(sort_index=rank)))
     events = [e for evs in per_rank_events for e in evs]
-    return dict(traceEvents=meta + events, displayTimeUnit="ms")
+    return dict(traceEvents=meta + events + flows(per_rank_events), displayTimeUnit="ms")

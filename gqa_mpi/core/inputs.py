@@ -123,8 +123,9 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
 
     Returns
     -------
-    dict with ``batch``, ``batched``, ``queries``, ``seq_len``, ``heads_q``, ``heads_kv``
-    and ``kv_dtype`` (the dtype of k.npy: a float16 cache stays float16 by default).
+    dict with ``batch`` (None for 2-D files), ``queries``, ``seq_len``, ``heads_q``,
+    ``heads_kv`` and ``kv_dtype`` (the dtype of k.npy: a float16 cache stays float16
+    by default).
 
     Raises
     ------
@@ -160,9 +161,9 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
     for name, shape in shapes.items():
         if 0 in shape:
             raise InputError(f"{name}.npy shape {shape} is empty")
-    return dict(batch=q[0] if len(q) == 3 else 1, batched=len(q) == 3,
-                queries=q[-2], seq_len=k[-2], heads_q=q[-1] // head_dim,
-                heads_kv=k[-1] // head_dim, kv_dtype=dtypes["k"].name)
+    return dict(batch=q[0] if len(q) == 3 else None, queries=q[-2], seq_len=k[-2],
+                heads_q=q[-1] // head_dim, heads_kv=k[-1] // head_dim,
+                kv_dtype=dtypes["k"].name)
 
 
 def open_rows(directory: str, name: str, start: int, stop: int) -> np.ndarray:
@@ -194,3 +195,22 @@ def first_nonfinite(name: str, array: np.ndarray, token_offset: int = 0):
             return (f"{name}.npy: {kind} at batch {b}, {where} {token_offset + t0 + t}, "
                     f"column {c}")
     return None
+
+
+def load_rows(directory, seed: int, batch: int, queries: int, seq_len: int,
+              width_q: int, width_kv: int, start: int = 0, stop=None):
+    """Q ``(B, T_q, h_q*d)`` float32 and rows ``start:stop`` of K and V
+    ``(B, stop-start, h_kv*d)``, from ``directory``'s files or generated from ``seed``.
+
+    K and V are read lazily (generated on slicing, or memory-mapped), so that making
+    them resident never holds the slice twice.
+    """
+    stop = seq_len if stop is None else stop
+    if directory is None:
+        q = generate(seed, "q", batch, queries, width_q)
+        k, v = (GeneratedRows(seed, name, batch, seq_len, width_kv, start, stop)
+                for name in "kv")
+    else:
+        q = load_q(directory)
+        k, v = (open_rows(directory, name, start, stop) for name in "kv")
+    return q, k, v

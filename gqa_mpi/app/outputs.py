@@ -23,7 +23,7 @@ from typing import Callable, Dict, Iterable, Optional
 
 import numpy as np
 
-from .faults import inject
+from ..mpi.faults import inject
 from .sizing import fmt
 
 TEMP_PREFIX, TEMP_SUFFIX = ".gqa_mpi-", ".tmp"

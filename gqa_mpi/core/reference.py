@@ -27,7 +27,7 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
         Query ``t`` sees keys ``0 .. S_kv - T_q + t``; a query that sees none gives zeros.
 
     dtype : float64 for the reference; float32 gives the untiled float32 control whose
-        own error sets the pass rule's scale (:func:`gqa_mpi.report.compare`).
+        own error sets the pass rule's scale (:func:`gqa_mpi.app.check.compare`).
 
     Returns
     -------
@@ -66,41 +66,3 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
                                             ).reshape(B, T_q, G, d)
     out = out.reshape(B, T_q, h_q * d)
     return out[0] if squeeze else out
-
-
-def kernel_reference(q, k, v, *, h_kv: int, n_ranks: int, tile: int) -> np.ndarray:
-    """float64 model of what the kernel computes (``--kernel-faithful``), no MPI.
-
-    Inputs rounded to float16; ``S_local = S_kv // n_ranks`` tokens per rank (tail
-    dropped); Q read as the first ``G*T_q*d`` values as ``(G*T_q, d)``; tile ``t`` of
-    each rank's ``(S_local, h_kv*d)`` slice read from element ``t*tile*d`` as
-    ``(d, tile_s)`` for K and ``(tile_s, d)`` for V; no scale; one softmax over all
-    the scores. The ``(G*T_q, d)`` result lands at the start of a zeroed O like Q.
-
-    Parameters
-    ----------
-    q : (T_q, h_q*d) or (1, T_q, h_q*d)
-    k, v : (S_kv, h_kv*d) or (1, S_kv, h_kv*d)
-    """
-    shape = np.shape(q)
-    q, k, v = (np.asarray(x, dtype=np.float16).astype(np.float64).reshape(-1, x.shape[-1])
-               for x in (np.asarray(q), np.asarray(k), np.asarray(v)))
-    T_q = q.shape[0]
-    d = k.shape[-1] // h_kv
-    G = q.shape[-1] // d // h_kv
-    S_local = k.shape[0] // n_ranks
-    q_rows = q.ravel()[:G * T_q * d].reshape(G * T_q, d)
-    scores, values = [], []
-    for r in range(n_ranks):
-        k_flat = k[r * S_local:(r + 1) * S_local].ravel()
-        v_flat = v[r * S_local:(r + 1) * S_local].ravel()
-        for s0 in range(0, S_local, tile):
-            ts = min(tile, S_local - s0)
-            scores.append(q_rows @ k_flat[s0 * d:(s0 + ts) * d].reshape(d, ts))
-            values.append(v_flat[s0 * d:(s0 + ts) * d].reshape(ts, d))
-    s = np.concatenate(scores, axis=1)
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    o = (p / p.sum(axis=1, keepdims=True)) @ np.concatenate(values, axis=0)
-    out = np.zeros(int(np.prod(shape)))
-    out[:o.size] = o.ravel()
-    return out.reshape(shape)

@@ -11,7 +11,7 @@ import os
 import re
 from typing import Optional
 
-from .kernels import CHUNK
+from ..core.kernels import CHUNK
 
 BASELINE = 96 << 20
 """Python, NumPy and MPI of one rank before any tensor (measured: 60-100 MiB)."""
@@ -25,7 +25,7 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     reference and the float32 control hold (all of K and V, and the scores of one KV
     head at a time).
     """
-    B, T_q, d = cfg.batch, cfg.queries, cfg.head_dim
+    B, T_q, d = cfg.B, cfg.queries, cfg.head_dim
     h_q, h_kv, G = cfg.heads_q, cfg.heads_kv, cfg.group
     item = 2 if cfg.kv_dtype == "float16" else 4
     R = G * T_q

@@ -1,7 +1,7 @@
 """The local kernels: the NumPy tile sweep (the reference) and the fused C kernel.
 
 No MPI here. Both compute the same partial ``(m, l, O)`` of one rank's slice
-(:func:`gqa_mpi.attention.local_attention` is the NumPy one); they differ in how the
+(:func:`gqa_mpi.core.attention.local_attention` is the NumPy one); they differ in how the
 resident slice is laid out and in speed:
 
 =======  ======================================================================
@@ -25,10 +25,11 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from .attention import Partial, empty_partial, local_attention
-from .config import KERNELS
+KERNELS = ("auto", "fused", "numpy")
+"""``--kernel`` choices: auto is fused where it loads, else numpy."""
 
 try:
-    from . import _fused
+    from .. import _fused
     FUSED_ERROR: Optional[str] = None
 except ImportError as e:  # not built (no compiler at install) or not loadable here
     _fused = None
@@ -99,7 +100,7 @@ class FusedKernel:
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
               tile: int = 1024, start: int = 0, causal_limit: Optional[np.ndarray] = None,
               on_tile: Optional[Callable] = None) -> Partial:
-        """Same contract as :func:`gqa_mpi.attention.local_attention`; ``k`` in the
+        """Same contract as :func:`gqa_mpi.core.attention.local_attention`; ``k`` in the
         :func:`key_blocks` layout, ``v`` resident, both float32 or both float16."""
         B, h_kv, R, d = q.shape
         S_local = v.shape[2]

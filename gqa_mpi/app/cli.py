@@ -1,0 +1,219 @@
+"""Command line: ``mpirun -n 16 python -m gqa_mpi [options]``.
+
+Only rank 0 prints. A user mistake is one line on stderr and exit code 2 on every
+rank; any other exception on any rank aborts the whole job (``comm.Abort``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+from typing import List, Optional
+
+# One rank plays one PE on one core: BLAS gets one thread unless the user says otherwise.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from mpi4py import MPI  # noqa: E402
+
+from .. import __version__  # noqa: E402
+from ..core.inputs import InputError, inspect_inputs  # noqa: E402
+from ..core.kernels import select as select_kernel  # noqa: E402
+from ..mpi import faults, watchdog  # noqa: E402
+from . import sizing  # noqa: E402
+from .config import Config, add_arguments  # noqa: E402
+from .outputs import Interrupted, check_paths, npy_bytes  # noqa: E402
+from .run import run  # noqa: E402
+
+EXIT_USAGE = 2
+EXIT_CRASH = 4
+"""A rank failed unexpectedly (a bug, or a lost node) and the job was aborted."""
+
+DESCRIPTION = """\
+Emulate one decode step of the accelerator's long-context GQA kernel on MPI.
+
+Every MPI rank plays one PE of one cube (rank = cube * P + pe) and holds a
+contiguous slice of the KV cache. It sweeps its slice in tiles with an online
+softmax, then the partials (m, l, O) flow to rank 0 along the kernel's chain:
+leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
+cube to cube (W). Rank 0 normalises, checks O against a float64 reference and
+prints a report. Exit code: 0 passed, 1 check failed or output not finite, 2 bad
+input or an output that cannot be written, 3 --timeout, 4 a rank failed unexpectedly
+and the job was aborted, 128+N killed by signal N.
+"""
+
+EPILOG = """\
+examples:
+  mpirun -n 16 python -m gqa_mpi                      2 cubes x 8 PEs, default problem
+  mpirun -n 12 python -m gqa_mpi --cubes 2 --pes 6    short last PE row (2x4 grid)
+  mpirun -n 8 python -m gqa_mpi --seq-len 100000 --queries 4 --causal
+  mpirun -n 4 python -m gqa_mpi --inputs DIR --output o.npy --json run.json
+  mpirun -n 16 python -m gqa_mpi --trace t.json       timeline for ui.perfetto.dev
+  mpirun -n 16 python -m gqa_mpi --kernel-faithful    the kernel's own arithmetic
+  python -m gqa_mpi                                    one rank (C = P = 1)
+
+--inputs DIR reads q.npy (T_q, h_q*d) and k.npy, v.npy (S_kv, h_kv*d), or 3-D with
+a leading batch axis, float16 or float32; --head-dim splits the widths into heads.
+"""
+
+
+class UsageError(Exception):
+    """A user mistake: printed as one line by rank 0, exit code 2 on every rank."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of exiting, and prints on rank 0 only."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+    def _print_message(self, message, file=None):
+        if MPI.COMM_WORLD.rank == 0:
+            super()._print_message(message, file)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one option per :class:`~gqa_mpi.app.config.Config` field."""
+    p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
+                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"gqa_mpi {__version__}")
+    add_arguments(p)
+    return p
+
+
+def _root_checks(given: dict) -> tuple:
+    """What only the root looks at first: the input files' headers.
+
+    Returns ``(problem, error)``; the caller broadcasts it so all ranks agree.
+    """
+    problem = None
+    try:
+        if given.get("inputs") is not None:
+            d = given.get("head_dim", Config.head_dim)
+            if d < 1:
+                return None, f"--head-dim must be a positive integer, got {d}"
+            problem = inspect_inputs(given["inputs"], d)
+    except InputError as e:
+        return None, str(e)
+    return problem, None
+
+
+def _output_checks(cfg: Config) -> Optional[str]:
+    """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.outputs`)."""
+    inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
+              if cfg.inputs is not None else [])
+    shape = (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim)
+    return check_paths({"--output": cfg.output, "--json": cfg.json, "--trace": cfg.trace},
+                       inputs, {"--output": npy_bytes(shape)})
+
+
+def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
+    """Parse, check and agree on the configuration; raise UsageError on every rank."""
+    given = vars(build_parser().parse_args(argv))     # only the options on the line
+    try:
+        faults.check()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    faults.inject("start", comm.rank)
+    watchdog.phase("configuration")
+    watchdog.rendezvous(comm, "start-up")
+    with watchdog.waiting("rank 0 (reading input headers)"):
+        problem, error = comm.bcast(_root_checks(given) if comm.rank == 0 else None, root=0)
+    if error:
+        raise UsageError(error)
+    if problem is not None:        # the files say the problem; flags may only agree
+        given.setdefault("kv_dtype", problem.pop("kv_dtype"))
+        for key, value in problem.items():
+            if key in given and given[key] != value:
+                name = key.replace("_", "-")
+                have = "no batch axis (2-D files)" if value is None else f"{name} {value}"
+                raise UsageError(f"--{name} {given[key]} does not match the inputs, which "
+                                 f"have {have}")
+        given.update(problem)
+    try:
+        cfg = Config(**given).placed(comm.size)
+        select_kernel(cfg.kernel)          # --kernel fused where it cannot load: one line
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    with watchdog.waiting("rank 0 (checking output paths)"):
+        error = comm.bcast(_output_checks(cfg) if comm.rank == 0 else None, root=0)
+    if error:
+        raise UsageError(error)
+    error = _memory_check(comm, cfg)
+    if error:
+        raise UsageError(error)
+    return cfg
+
+
+def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
+    """Refuse, on every rank, a run whose ranks on some host would not fit its memory.
+
+    Each rank estimates its own peak from the configuration (:mod:`gqa_mpi.sizing`);
+    the ranks of one host add theirs up and compare with ``--max-memory`` or the
+    host's available memory.
+    """
+    start, stop = cfg.tokens(comm.rank)
+    mine = sizing.rank_bytes(cfg, stop - start, comm.rank == 0)
+    watchdog.rendezvous(comm, "the memory estimate")
+    return _memory_verdict(comm, cfg, cfg.max_memory, mine)
+
+
+def _memory_verdict(comm, cfg, limit, mine):
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    total = node.allreduce(mine)
+    root_here = node.allreduce(int(comm.rank == 0))
+    error = None
+    if node.rank == 0:
+        have = limit or sizing.available_bytes()
+        if have is not None and total > have:
+            what = "--max-memory allows" if limit else "the host has available"
+            root = (f", rank 0 alone {sizing.fmt(mine)} with the float64 check"
+                    if root_here and comm.rank == 0 and cfg.check else "")
+            error = (f"this run needs about {sizing.fmt(total)} on {MPI.Get_processor_name()} "
+                     f"({node.size} rank(s){root}) but {what} only {sizing.fmt(have)}"
+                     + sizing.advice(cfg, bool(root_here)))
+    node.Free()
+    return next((e for e in comm.allgather(error) if e), None)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``python -m gqa_mpi`` and ``gqa-mpi``; returns the exit code."""
+    comm = MPI.COMM_WORLD
+    seconds = watchdog.early_timeout(argv)
+    if seconds:
+        watchdog.arm(comm, seconds)   # covers configuration, the run and shut-down
+    try:
+        try:
+            cfg = configure(comm, argv)
+        except UsageError as e:
+            if comm.rank == 0:
+                print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+        try:
+            return run(comm, cfg)
+        except InputError as e:  # raised on every rank alike (see run.refuse_nonfinite)
+            if comm.rank == 0:
+                print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
+            return EXIT_USAGE
+    except SystemExit:
+        raise
+    except Interrupted as e:  # SIGTERM/SIGINT while writing: the write cleaned up
+        sys.stderr.write(f"gqa_mpi: rank {comm.rank}: interrupted by {e} while writing an "
+                         f"output; no partial file was left\n")
+        sys.stderr.flush()
+        if comm.size > 1:
+            comm.Abort(128 + e.signum)
+        return 128 + e.signum
+    except BaseException:
+        abort(comm)
+    finally:
+        watchdog.phase("shut-down (MPI_Finalize)")
+
+
+def abort(comm: MPI.Comm) -> None:
+    """Print this rank's traceback once, then end every rank of the job."""
+    sys.stderr.write(f"gqa_mpi: rank {comm.rank}: unexpected error, aborting all "
+                     f"{comm.size} ranks (exit code {EXIT_CRASH})\n{traceback.format_exc()}")
+    sys.stderr.flush()
+    comm.Abort(EXIT_CRASH)

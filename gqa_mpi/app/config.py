@@ -1,0 +1,429 @@
+"""Every knob of a run, declared once: :class:`Config` is checked on construction and
+generates the command line (:func:`add_arguments`) and its help, with the real defaults.
+
+Each field carries its group (``problem``, ``layout``, ``algorithm``, ``outputs``) and
+how the command line spells it (:func:`opt`); its docstring is its help. Choices come
+from the type (``Literal``) or from a registry (schedules, wires), read when the
+parser is built. Dependent defaults live here: ``wire=None`` means the schedule's own
+wire, or the kernel's float16 wire with ``kernel_faithful``; ``cubes``/``pes`` left out
+are filled from the number of ranks by :meth:`Config.placed`.
+
+Every rank builds the same :class:`Config` from the same arguments, so an invalid
+value raises the same :class:`ValueError` on every rank before any communication,
+and all ranks leave together.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import functools
+import inspect
+import math
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Dict, List, Literal, Optional, Tuple, get_args, get_origin, get_type_hints
+
+from ..core.grid import Grid
+from ..core.kernels import KERNELS
+from ..core.partition import rank_tokens
+from ..core.schedules import SCHEDULES, Schedule
+from ..core.wires import WIRES, Wire
+from .sizing import parse_size
+
+GROUPS = {
+    "layout": "layout (C x P must equal the number of MPI ranks)",
+    "problem": "problem (generated unless --inputs is given)",
+    "algorithm": "algorithm",
+    "outputs": "outputs and run control",
+}
+
+
+def opt(default, group: str, *, metavar: Optional[str] = None, parse=None,
+        choices=None, shown: Optional[str] = None):
+    """A config field: its default, its help group, and how the command line reads it.
+
+    ``parse`` turns the option's text into the value; ``choices`` is the registry of
+    the accepted names (read when the parser is built, each entry's help joining the
+    option's); ``shown`` is the default as the help prints it, for dependent defaults.
+    """
+    return field(default=default, metadata=dict(group=group, metavar=metavar, parse=parse,
+                                                 choices=choices, shown=shown))
+
+
+def _grid(text: str) -> Tuple[int, int]:
+    try:
+        rows, cols = (int(x) for x in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 2x4, got {text!r}")
+    return rows, cols
+
+
+def _counts(text: str) -> Tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e))
+
+
+@dataclass(frozen=True)
+class Config:
+    """Everything one decode step needs; invalid values raise ``ValueError``."""
+
+    # ---- layout
+    cubes: Optional[int] = opt(None, "layout", metavar="C", shown="from the world size")
+    """cubes in the inter-cube chain"""
+    pes: Optional[int] = opt(None, "layout", metavar="P", shown=(
+        "the largest divisor of the world size that fits the grid; 16 ranks -> 8"))
+    """PEs per cube, 1..rows*cols of the grid; rank = cube * P + pe"""
+    grid: Tuple[int, int] = opt((2, 4), "layout", metavar="RxC", parse=_grid, shown="2x4")
+    """PE grid of one cube, rows x columns; PE pe sits at divmod(pe, cols) and a
+    cube's last row may be short"""
+    split: Optional[Tuple[int, ...]] = opt(None, "layout", metavar="N0,N1,...",
+                                           parse=_counts, shown="balanced, the first "
+                                           "S_kv % n ranks take one more")
+    """tokens held by each rank, in rank order, adding up to S_kv"""
+
+    # ---- problem
+    seq_len: int = opt(32768, "problem", metavar="S_KV")
+    """S_kv, KV tokens, split over all ranks"""
+    heads_q: int = opt(32, "problem", metavar="H_Q")
+    """h_q, query heads"""
+    heads_kv: int = opt(8, "problem", metavar="H_KV")
+    """h_kv, KV heads; must divide h_q (G = h_q / h_kv)"""
+    head_dim: int = opt(128, "problem", metavar="D")
+    """d, the dimension of one head"""
+    queries: int = opt(1, "problem", metavar="T_Q")
+    """T_q, query tokens of this decode step"""
+    batch: Optional[int] = opt(None, "problem", metavar="B", shown="one sequence, no "
+                               "batch axis")
+    """B, independent sequences; given, Q and O carry a batch axis (B, T_q, h_q*d)"""
+    softmax_scale: Optional[float] = opt(None, "problem", metavar="X", shown="1/sqrt(d)")
+    """score multiplier"""
+    causal: bool = opt(False, "problem")
+    """query t sees keys 0 .. S_kv - T_q + t"""
+    seed: int = opt(0, "problem")
+    """seed of the generated inputs (the same seed gives the same tensors at any rank
+    count)"""
+    inputs: Optional[str] = opt(None, "problem", metavar="DIR", shown="generate")
+    """read q.npy, k.npy, v.npy from DIR instead of generating"""
+    allow_nonfinite: bool = opt(False, "problem")
+    """accept NaN or inf in --inputs files (refused by default, with the first
+    location)"""
+
+    # ---- algorithm
+    tile: int = opt(1024, "algorithm", metavar="TOKENS")
+    """TILE_S_KV, tokens per tile of the local sweep"""
+    kernel: Literal["auto", "fused", "numpy"] = opt("auto", "algorithm")
+    """local kernel: fused = the C kernel built at install (one pass per tile,
+    AVX-512/AVX2/portable C picked from the CPU); numpy = the reference tile sweep on
+    BLAS; auto = fused if it loads, else numpy with a note"""
+    kv_dtype: Literal["float32", "float16"] = opt("float32", "algorithm", shown=(
+        "float16 if k.npy is float16, else float32"))
+    """how each rank holds its K and V slice: float16 halves the bytes streamed and
+    the memory held, as on the accelerator; arithmetic stays float32"""
+    reduce: str = opt("chain", "algorithm", choices=SCHEDULES)
+    """how partials reach rank 0"""
+    wire: Optional[str] = opt(None, "algorithm", choices=WIRES, shown=(
+        "the schedule's own: packed for mpi, else fp32; kernel with --kernel-faithful"))
+    """what one hop of the reduction carries"""
+    kernel_faithful: bool = opt(False, "algorithm")
+    """reproduce the kernel's arithmetic instead of exact attention: no softmax scale,
+    tail tokens dropped, K and Q read by its reshapes, float16 operands and wire (SPEC
+    defects 2-5); the report says how far that lands from exact attention"""
+
+    # ---- outputs
+    output: Optional[str] = opt(None, "outputs", metavar="FILE.npy", shown="none")
+    """rank 0 writes O here (layout of Q, float32), atomically"""
+    json: Optional[str] = opt(None, "outputs", metavar="FILE", shown="none")
+    """rank 0 writes the run record here: config, check, per-rank timings, traffic,
+    memory, hosts, MPI library"""
+    trace: Optional[str] = opt(None, "outputs", metavar="FILE.json", shown="none")
+    """rank 0 writes a Chrome trace-event timeline (open it in https://ui.perfetto.dev):
+    phases, chain steps, every message and an arrow from each send to its receive"""
+    trace_tiles: bool = opt(False, "outputs")
+    """with --trace: one event per tile of the local sweep too"""
+    check: bool = opt(True, "outputs")
+    """check O against a float64 reference on rank 0, which then holds all of K and V"""
+    quiet: bool = opt(False, "outputs")
+    """print nothing but errors"""
+    max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=_size,
+                                    shown="the host's available memory")
+    """memory the ranks of one host may use together, e.g. 64G; a run estimated to need
+    more is refused before it allocates anything"""
+    timeout: Optional[float] = opt(None, "outputs", metavar="SECONDS", shown="no limit")
+    """abort the whole job if a rank has not finished after SECONDS (a watchdog for
+    batch jobs: a stuck rank cannot hold the allocation)"""
+
+    def __post_init__(self):
+        def positive(name, value, optional=False):
+            if optional and value is None:
+                return
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive integer, "
+                                 f"got {value!r}")
+
+        rows, cols = self.grid
+        positive("grid rows", rows)
+        positive("grid columns", cols)
+        for name in ("seq_len", "heads_q", "heads_kv", "head_dim", "queries", "tile"):
+            positive(name, getattr(self, name))
+        for name in ("cubes", "pes", "batch", "max_memory"):
+            positive(name, getattr(self, name), optional=True)
+        if self.pes is not None and self.pes > rows * cols:
+            raise ValueError(f"--pes {self.pes} does not fit the {rows}x{cols} PE grid "
+                             f"(P must be 1..{rows * cols}; use --grid to change it)")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
+                0 <= self.seed < 2 ** 63):
+            raise ValueError(f"--seed must be an integer from 0 to 2**63-1, got {self.seed!r}")
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"--heads-q {self.heads_q} is not a multiple of "
+                             f"--heads-kv {self.heads_kv}")
+        for name in ("softmax_scale", "timeout"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, (int, float))
+                                          and math.isfinite(value) and value > 0):
+                raise ValueError(f"--{name.replace('_', '-')} must be a positive finite "
+                                 f"number, got {value!r}")
+        if self.trace_tiles and self.trace is None:
+            raise ValueError("--trace-tiles adds tile events to the --trace timeline; "
+                             "give --trace FILE.json too")
+        for name, choices in (("kernel", KERNELS), ("kv_dtype", ("float32", "float16"))):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"--{name.replace('_', '-')} must be one of "
+                                 f"{', '.join(choices)}, got {getattr(self, name)!r}")
+        if self.wire is not None:
+            WIRES.get(self.wire)
+        self.schedule.check_wire(self.wire_format.name)
+        if self.split is not None and (min(self.split, default=0) < 0
+                                       or sum(self.split) != self.seq_len):
+            raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
+                             f"{self.seq_len}; they add up to {sum(self.split)}")
+        if self.is_placed:
+            if self.split is not None and len(self.split) != self.n_ranks:
+                raise ValueError(f"--split gives {len(self.split)} token counts for "
+                                 f"{self.n_ranks} ranks")
+        if self.kernel_faithful:
+            self._check_faithful()
+
+    def _check_faithful(self):
+        """Refuse what the kernel itself cannot run, rather than hang or misbehave."""
+        rows, cols = self.grid
+        flag = "--kernel-faithful"
+        if cols != 4:
+            raise ValueError(f"{flag}: the kernel's PE grid has 4 columns, not {cols} "
+                             f"(--grid {rows}x{cols})")
+        if self.batched:
+            raise ValueError(f"{flag}: the kernel has no batch axis (batch {self.batch})")
+        if self.split is not None:
+            raise ValueError(f"{flag}: the kernel splits tokens itself; drop --split")
+        if self.causal:
+            raise ValueError(f"{flag}: the kernel has no causal mask; drop --causal")
+        if self.softmax_scale is not None:
+            raise ValueError(f"{flag}: the kernel applies no softmax scale "
+                             f"(it uses plain tl.dot); drop --softmax-scale")
+        if not self.is_placed:
+            return
+        if self.pes > cols and self.pes % cols:
+            raise ValueError(
+                f"{flag}: P={self.pes} leaves the last PE row short ({self.pes % cols} of "
+                f"{cols}); the kernel gives every row the same length, so PE "
+                f"{self.pes - 1} would wait forever for an intra_E neighbour that does "
+                f"not exist (SPEC defect 1). Use P = 1..4 or 8, or drop {flag}")
+        if self.seq_len < self.n_ranks:
+            raise ValueError(
+                f"{flag}: S_kv={self.seq_len} < C*P={self.n_ranks} leaves every rank an "
+                f"empty slice, and the kernel computes tile 0 unconditionally "
+                f"(SPEC defect 6); drop {flag} or use fewer ranks")
+
+    # ---- placing on a number of ranks
+    @property
+    def is_placed(self) -> bool:
+        return self.cubes is not None and self.pes is not None
+
+    def placed(self, world: int) -> "Config":
+        """This config on ``world`` ranks: C and P filled in where left out, and
+        checked against the world size."""
+        cubes, pes = default_topology(world, self.cubes, self.pes, self.grid)
+        if cubes * pes != world:
+            raise ValueError(f"--cubes {cubes} x --pes {pes} = {cubes * pes} ranks, but "
+                             f"{world} are running (mpirun -n {cubes * pes})")
+        return replace(self, cubes=cubes, pes=pes)
+
+    # ---- derived values
+    @property
+    def n_ranks(self) -> int:
+        return self.layout.size
+
+    @property
+    def layout(self) -> Grid:
+        """The placed grid of cubes and PEs."""
+        if not self.is_placed:
+            raise ValueError("the config is not placed on a number of ranks yet")
+        return Grid(self.cubes, self.pes, self.grid[1])
+
+    @property
+    def B(self) -> int:
+        """Sequences (1 without a batch axis)."""
+        return 1 if self.batch is None else self.batch
+
+    @property
+    def batched(self) -> bool:
+        """Whether Q and O carry a batch axis."""
+        return self.batch is not None
+
+    @property
+    def group(self) -> int:
+        """G, query heads per KV head."""
+        return self.heads_q // self.heads_kv
+
+    @property
+    def scale(self) -> float:
+        if self.kernel_faithful:
+            return 1.0
+        if self.softmax_scale is not None:
+            return self.softmax_scale
+        return 1.0 / math.sqrt(self.head_dim)
+
+    @property
+    def schedule(self) -> Schedule:
+        return SCHEDULES.get(self.reduce)
+
+    @property
+    def wire_format(self) -> Wire:
+        """The wire a hop carries: the one asked for, or the dependent default."""
+        if self.wire is not None:
+            return WIRES.get(self.wire)
+        return WIRES.get("kernel" if self.kernel_faithful else self.schedule.default_wire)
+
+    def tokens(self, rank: int) -> Tuple[int, int]:
+        """``[start, stop)`` of ``rank``'s tokens under the configured split."""
+        return rank_tokens(self.seq_len, self.n_ranks, rank, self.split, self.kernel_faithful)
+
+    # ---- serialisation
+    def to_json(self) -> Dict:
+        d = asdict(self)
+        d.update(grid=f"{self.grid[0]}x{self.grid[1]}", wire=self.wire_format.name,
+                 split=None if self.split is None else list(self.split))
+        return d
+
+    @classmethod
+    def from_json(cls, d: Dict) -> "Config":
+        d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+        d["grid"] = _grid(d["grid"]) if isinstance(d.get("grid"), str) else tuple(d["grid"])
+        if d.get("split") is not None:
+            d["split"] = tuple(d["split"])
+        return cls(**d)
+
+    def to_argv(self) -> List[str]:
+        """The command-line options that give this config (those off their default)."""
+        argv = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            if isinstance(value, bool):
+                argv.append(flag if value else f"--no-{flag[2:]}")
+            elif f.name == "grid":
+                argv += [flag, f"{value[0]}x{value[1]}"]
+            elif f.name == "split":
+                argv += [flag, ",".join(map(str, value))]
+            else:
+                argv += [flag, str(value)]
+        return argv
+
+
+def default_topology(world: int, cubes: Optional[int], pes: Optional[int],
+                     grid: Tuple[int, int] = (2, 4)) -> Tuple[int, int]:
+    """Fill in ``(C, P)`` from the world size where the user left them out.
+
+    With neither given, P is the largest divisor of the world size that fits the
+    grid (16 ranks and a 2x4 grid give 2 cubes of 8 PEs; 12 give 2 cubes of 6).
+    With one given, the other is the world size divided by it.
+    """
+    if cubes is None and pes is None:
+        pes = max(p for p in range(1, min(world, grid[0] * grid[1]) + 1) if world % p == 0)
+    if cubes is None:
+        if pes < 1 or world % pes:
+            raise ValueError(f"--pes {pes} does not divide the {world} running ranks")
+        cubes = world // pes
+    if pes is None:
+        if cubes < 1 or world % cubes:
+            raise ValueError(f"--cubes {cubes} does not divide the {world} running ranks")
+        pes = world // cubes
+    return cubes, pes
+
+
+# ---------------------------------------------------------------- the command line
+
+@functools.lru_cache(maxsize=None)
+def field_docs() -> Dict[str, str]:
+    """Each field's docstring (the string right below it in :class:`Config`)."""
+    try:
+        tree = ast.parse(inspect.getsource(Config))
+    except (OSError, TypeError):  # no source (a frozen build): no help text
+        return {}
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+def _shown(f) -> str:
+    shown = f.metadata.get("shown")
+    if shown is not None:
+        return shown
+    if isinstance(f.default, bool):
+        return "on" if f.default else "off"
+    return str(f.default)
+
+
+def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = None,
+                  shown: Optional[Dict[str, object]] = None) -> None:
+    """Add one option per :class:`Config` field (or per field in ``names``) to ``parser``,
+    in its group, with the field's docstring and real default as help.
+
+    Options left out of the command line are absent from the namespace
+    (``argparse.SUPPRESS``), so ``Config(**vars(namespace))`` takes the dataclass
+    defaults and the caller can tell what was given. ``shown`` overrides the defaults
+    the help prints (a study's own, say).
+    """
+    hints = get_type_hints(Config)
+    docs = field_docs()
+    shown = shown or {}
+    sections: Dict[str, argparse._ArgumentGroup] = {}
+    for f in fields(Config):
+        if names is not None and f.name not in names:
+            continue
+        group = f.metadata["group"]
+        if group not in sections:
+            sections[group] = parser.add_argument_group(GROUPS[group])
+        kind = hints[f.name]
+        if get_origin(kind) is not Literal and type(None) in get_args(kind):
+            kind = next(a for a in get_args(kind) if a is not type(None))
+        default = shown[f.name] if f.name in shown else _shown(f)
+        text = docs.get(f.name, "")
+        registry = f.metadata.get("choices")
+        if registry is not None:
+            text += ": " + "; ".join(f"{x.name} = {x.help}" for x in registry)
+        kw = dict(default=argparse.SUPPRESS,
+                  help=f"{text} (default: {default})".replace("%", "%%"))
+        if kind is bool:
+            kw["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
+        else:
+            kw["metavar"] = f.metadata.get("metavar")
+            if get_origin(kind) is Literal:
+                kw["choices"] = list(get_args(kind))
+            elif registry is not None:
+                kw["choices"] = registry.names()
+            kw["type"] = f.metadata.get("parse") or (kind if kind in (int, float) else str)
+        sections[group].add_argument("--" + f.name.replace("_", "-"), **kw)

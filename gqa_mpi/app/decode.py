@@ -1,0 +1,175 @@
+"""``gqa_mpi.decode``: one distributed decode step on arrays the ranks already hold.
+
+Every rank of ``comm`` passes the same Q and its own consecutive run of KV tokens
+(rank 0 the first, any lengths, empty ones too); the partials reach rank 0 along the
+chosen schedule and rank 0 gets O. Every rank gets the run record::
+
+    from mpi4py import MPI
+    import numpy as np
+    from gqa_mpi import decode
+
+    rng = np.random.default_rng(0)                  # the same Q on every rank
+    q = rng.standard_normal((1, 32 * 64), dtype=np.float32)
+    mine = np.random.default_rng(MPI.COMM_WORLD.rank)
+    k, v = (mine.standard_normal((1000, 8 * 64), dtype=np.float32) for _ in "kv")
+    result = decode(q, k, v, heads_kv=8)            # any Config field as a keyword
+    if MPI.COMM_WORLD.rank == 0:
+        print(result.output.shape, result.record.timings()["step"]["max"])
+
+The command line is built on it (:mod:`gqa_mpi.app.run`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from ..core.kernels import isa
+from ..core.partition import token_range
+from ..core.trace import chrome_trace
+from ..mpi import watchdog
+from ..mpi.step import decode_step
+from ..mpi.topology import Topology
+from .config import Config
+from .record import RankStats, RunRecord
+
+
+@dataclass
+class Decoded:
+    """What :func:`decode` gives each rank."""
+
+    output: Optional[np.ndarray]
+    """O in the layout of Q (float32) on rank 0; None elsewhere."""
+    record: RunRecord
+    """The run record, the same on every rank (its ``check`` is None: the arrays are
+    the caller's, so is their check)."""
+    trace: Optional[Dict] = None
+    """On rank 0 with ``trace`` set: the Chrome trace-event document."""
+
+
+def _agree(comm: MPI.Comm, error: Optional[str]) -> None:
+    """Raise the first rank's error on every rank, so that all leave together."""
+    errors = [e for e in comm.allgather(error) if e]
+    if errors:
+        raise ValueError(errors[0])
+
+
+def _rows(a, name: str):
+    """``a`` as ``(B, tokens, width)``: arrays, or lazy rows with ``shape`` and ``[:, i:j]``."""
+    if isinstance(a, np.ndarray) or not hasattr(a, "shape"):
+        a = np.asarray(a)
+    if len(a.shape) not in (2, 3):
+        raise ValueError(f"{name} must be (tokens, width) or (batch, tokens, width), "
+                         f"got shape {tuple(a.shape)}")
+    return a[None] if len(a.shape) == 2 else a
+
+
+def problem_config(q: np.ndarray, k, lengths, *, heads_kv: Optional[int] = None,
+                   head_dim: Optional[int] = None, **options) -> Config:
+    """The Config of arrays: shapes from Q and K, the split from each rank's length."""
+    width = k.shape[-1]
+    if heads_kv is None and head_dim is None:
+        raise ValueError("give heads_kv= (or head_dim=): the width of K, "
+                         f"{width}, is h_kv * d")
+    for given, name in ((heads_kv, "heads_kv"), (head_dim, "head_dim")):
+        if given is not None and (not isinstance(given, int) or given < 1 or width % given):
+            raise ValueError(f"{name}={given!r} does not divide the width of K, {width}")
+    head_dim = head_dim or width // heads_kv
+    heads_kv = heads_kv or width // head_dim
+    if heads_kv * head_dim != width or q.shape[-1] % head_dim:
+        raise ValueError(f"K's width {width} is not heads_kv * head_dim = {heads_kv} x "
+                         f"{head_dim}, or Q's width {q.shape[-1]} is not a multiple of it")
+    seq_len = sum(lengths)
+    balanced = [b - a for a, b in (token_range(seq_len, len(lengths), r)
+                                   for r in range(len(lengths)))]
+    options.setdefault("check", False)
+    return Config(seq_len=seq_len, heads_q=q.shape[-1] // head_dim, heads_kv=heads_kv,
+                  head_dim=head_dim, queries=q.shape[-2],
+                  batch=q.shape[0] if q.ndim == 3 else None,
+                  split=None if list(lengths) == balanced else tuple(lengths), **options)
+
+
+def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm] = None,
+           **options) -> Decoded:
+    """Run one distributed decode step; a ``ValueError`` is raised on every rank alike.
+
+    Parameters
+    ----------
+    q : (T_q, h_q*d) or (B, T_q, h_q*d)
+        The queries, the same on every rank.
+    k, v : (S_local, h_kv*d) or (B, S_local, h_kv*d)
+        This rank's tokens: rank r holds the run after rank r-1's. float16 or float32.
+    config : Config, optional
+        Everything else; by default built from the shapes, each rank's length and
+        ``options``. With a config, each rank's length must be ``config.tokens(rank)``.
+    comm : MPI communicator, default ``MPI.COMM_WORLD``
+        Its ranks play the PEs: ``C x P`` must equal its size.
+    **options
+        :class:`~gqa_mpi.app.config.Config` fields: ``heads_kv`` (or ``head_dim``),
+        ``tile``, ``kernel``, ``reduce``, ``wire``, ``cubes``, ``pes``, ``causal``, ...
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    error = None
+    try:
+        q = np.asarray(q, dtype=np.float32)
+        if q.ndim not in (2, 3):
+            raise ValueError(f"q must be (T_q, width) or (B, T_q, width), got {q.shape}")
+        k, v = _rows(k, "k"), _rows(v, "v")
+        if tuple(k.shape) != tuple(v.shape):
+            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+    except ValueError as e:
+        error = f"rank {comm.rank}: {e}"
+    _agree(comm, error)
+    lengths = comm.allgather(k.shape[1])
+    error = None
+    try:
+        if config is None:
+            config = problem_config(q, k, lengths, **options)
+        elif options:
+            config = replace(config, **options)
+        cfg = config.placed(comm.size)
+        want = [b - a for a, b in map(cfg.tokens, range(comm.size))]
+        if lengths != want:
+            raise ValueError(f"the ranks hold {lengths} tokens, but the config splits "
+                             f"them as {want}")
+    except ValueError as e:
+        error = str(e)
+    _agree(comm, error)
+    q3 = q if q.ndim == 3 else q[None]
+    topo = Topology(comm, cfg.layout)
+    try:
+        return _run(cfg, topo, q3, k, v)
+    finally:
+        topo.free()
+
+
+def _run(cfg: Config, topo: Topology, q, k, v) -> Decoded:
+    result = decode_step(cfg, topo, q, k, v)
+    traffic = result.traffic
+    mine = RankStats(rank=topo.rank, host=MPI.Get_processor_name(),
+                     place=topo.place.describe(), start=result.start, stop=result.stop,
+                     kernel=result.kernel, timings=result.recorder.timings,
+                     messages=traffic.messages, bytes=traffic.bytes,
+                     overflow=traffic.loss.overflow, m_rounding=traffic.loss.m_rounding,
+                     peak_rss_mib=result.peak_rss_mib,
+                     scores_nonfinite=result.scores_nonfinite)
+    watchdog.rendezvous(topo.comm, "the gathering of results")
+    stats = topo.comm.gather(mine, root=0)
+    events = (topo.comm.gather(result.recorder.events, root=0)
+              if cfg.trace is not None else None)
+    record = trace = None
+    if topo.is_root:
+        out = result.output
+        record = RunRecord(
+            config=cfg, ranks=stats, isa=isa(), kernel_note=result.kernel_note,
+            output_nonfinite=int(np.count_nonzero(~np.isfinite(out))),
+            mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip(),
+            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        if events is not None:
+            trace = chrome_trace(events, [s.place for s in stats])
+    with watchdog.waiting("rank 0 (the run record)"):
+        record = topo.comm.bcast(record, root=0)
+    return Decoded(result.output, record, trace)

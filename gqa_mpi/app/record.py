@@ -1,0 +1,216 @@
+"""What a run produced, typed: per-rank statistics, the check, and the run record.
+
+One :meth:`to_json` / :meth:`from_json` pair per type; the JSON file, the text
+report, the study and the bench all read these. Only what was measured is stored:
+summaries over ranks (min / median / max, totals) are computed from the per-rank
+values when asked for. The JSON is strict (no NaN or Infinity literals: see
+:func:`gqa_mpi.app.outputs.write_json`) and says its units.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from .. import __version__
+from .config import Config
+
+FORMAT = "gqa_mpi.run/2"
+"""The record's format; bumped when a field changes meaning."""
+
+PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
+"""Timed phases of a run, in order; ``step`` is local attention + reduce + finalize,
+the decode step proper from resident slices to the output."""
+
+UNITS = dict(timings="s", bytes="B", peak_rss_mib="MiB", created="UTC, ISO 8601")
+
+
+def _known(cls, d: Dict) -> Dict:
+    return {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
+
+
+@dataclass
+class RankStats:
+    """What one rank measured during the step."""
+
+    rank: int
+    host: str
+    place: str
+    """``cube 1 / PE 5 (row 1, col 1)``."""
+    start: int
+    stop: int
+    """Its tokens, ``[start, stop)``."""
+    kernel: str
+    """The local kernel that ran here."""
+    timings: Dict[str, float]
+    """Seconds per phase (``inputs``, ``local_attention``, ``reduce``, ``finalize``
+    on the root, ``total``)."""
+    messages: int
+    bytes: int
+    """What this rank sent during the reduction."""
+    overflow: int
+    m_rounding: float
+    """What its sends lost on the wire: elements turned inf, largest change of m."""
+    peak_rss_mib: float
+    scores_nonfinite: bool
+    """Some score of its sweep was NaN or +inf."""
+
+    @property
+    def tokens(self) -> int:
+        return self.stop - self.start
+
+    @property
+    def step(self) -> float:
+        """Seconds of the decode step proper: local attention + reduce + finalize."""
+        return sum(self.timings.get(p, 0.0) for p in ("local_attention", "reduce", "finalize"))
+
+    def phase(self, name: str) -> float:
+        return self.step if name == "step" else self.timings.get(name, 0.0)
+
+    def to_json(self) -> Dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Dict) -> "RankStats":
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class Comparison:
+    """Errors of an output against a float64 reference, and the verdict."""
+
+    max_abs_err: float
+    max_rel_err: float
+    """Normwise: the largest absolute error over the largest ``|ref|``."""
+    tolerance: float
+    """The pass threshold: ``floor`` plus the control term."""
+    floor: float
+    control_rel_err: Optional[float]
+    """Normwise error of an untiled float32 attention on the same inputs."""
+    finite: bool
+    nonfinite: int
+    passed: bool
+
+    def to_json(self) -> Dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: Optional[Dict]) -> Optional["Comparison"]:
+        if d is None:
+            return None
+        d = dict(d)
+        for key in ("max_abs_err", "max_rel_err"):   # strict JSON wrote inf as null
+            if d.get(key) is None:
+                d[key] = float("inf")
+        return cls(**_known(cls, d))
+
+
+def spread(values: List[float]) -> Dict[str, float]:
+    """min / median / max of per-rank values."""
+    a = np.asarray(values, dtype=np.float64)
+    return dict(min=float(a.min()), median=float(np.median(a)), max=float(a.max()))
+
+
+@dataclass
+class RunRecord:
+    """One run: its configuration, every rank's statistics, the root's verdicts."""
+
+    config: Config
+    ranks: List[RankStats]
+    isa: str
+    """The instruction set of the fused kernel on the root's host ('none': not built)."""
+    kernel_note: Optional[str] = None
+    """Why ``--kernel auto`` fell back to the NumPy sweep, if it did."""
+    output_nonfinite: int = 0
+    """NaN or inf elements of O."""
+    inputs_checked_finite: bool = True
+    """The inputs were generated, or files checked for NaN and inf."""
+    check: Optional[Comparison] = None
+    """O against the float64 reference (the kernel's model when faithful); None with
+    ``--no-check``."""
+    vs_exact: Optional[Comparison] = None
+    """Faithful runs: how far the kernel's arithmetic lands from exact attention."""
+    mpi_library: str = ""
+    version: str = __version__
+    created: str = ""
+    written: Dict[str, str] = field(default_factory=dict)
+    """Files the root wrote: ``output``, ``trace``, ``json``."""
+
+    # ---- summaries, computed from the per-rank values
+    def timings(self) -> Dict[str, Dict[str, float]]:
+        """min / median / max over ranks of each phase that ran (seconds)."""
+        ran = [p for p in PHASES if p == "step" or any(p in r.timings for r in self.ranks)]
+        return {p: spread([r.phase(p) for r in self.ranks]) for p in ran}
+
+    @property
+    def messages(self) -> int:
+        return sum(r.messages for r in self.ranks)
+
+    @property
+    def bytes(self) -> int:
+        return sum(r.bytes for r in self.ranks)
+
+    @property
+    def overflow(self) -> int:
+        return sum(r.overflow for r in self.ranks)
+
+    @property
+    def m_rounding(self) -> float:
+        return max(r.m_rounding for r in self.ranks)
+
+    @property
+    def peak_rss_mib(self) -> Dict[str, float]:
+        return spread([r.peak_rss_mib for r in self.ranks])
+
+    @property
+    def tokens(self) -> Dict[str, int]:
+        return dict(min=min(r.tokens for r in self.ranks), max=max(r.tokens for r in self.ranks))
+
+    @property
+    def kernels(self) -> List[str]:
+        return sorted({r.kernel for r in self.ranks})
+
+    @property
+    def hosts(self) -> List[str]:
+        return sorted({r.host for r in self.ranks})
+
+    @property
+    def scores_nonfinite_ranks(self) -> List[int]:
+        return [r.rank for r in self.ranks if r.scores_nonfinite]
+
+    @property
+    def passed(self) -> bool:
+        """Nothing wrong: the check passed (or was skipped), no wire overflow, O finite."""
+        return ((self.check is None or self.check.passed) and not self.overflow
+                and not self.output_nonfinite)
+
+    # ---- JSON
+    def to_json(self) -> Dict:
+        return dict(format=FORMAT, version=self.version, created=self.created,
+                    mpi_library=self.mpi_library, units=UNITS,
+                    config=self.config.to_json(),
+                    check=None if self.check is None else self.check.to_json(),
+                    vs_exact=None if self.vs_exact is None else self.vs_exact.to_json(),
+                    isa=self.isa, kernel_note=self.kernel_note,
+                    output_nonfinite=self.output_nonfinite,
+                    inputs_checked_finite=self.inputs_checked_finite,
+                    written=self.written, ranks=[r.to_json() for r in self.ranks])
+
+    @classmethod
+    def from_json(cls, d: Dict) -> "RunRecord":
+        if d.get("format") != FORMAT:
+            raise ValueError(f"not a {FORMAT} run record (format {d.get('format')!r})")
+        d = dict(d)
+        d["config"] = Config.from_json(d["config"])
+        d["ranks"] = [RankStats.from_json(r) for r in d["ranks"]]
+        d["check"] = Comparison.from_json(d.get("check"))
+        d["vs_exact"] = Comparison.from_json(d.get("vs_exact"))
+        return cls(**_known(cls, d))
+
+    @classmethod
+    def load(cls, path: str) -> "RunRecord":
+        """Read a record written by ``--json``."""
+        with open(path) as f:
+            return cls.from_json(json.load(f))

@@ -1,0 +1,16 @@
+"""The arithmetic and the data of the emulation: NumPy only, never MPI.
+
+===============  ===============================================================
+attention        the math of one PE: partials, merge, the NumPy tile sweep
+kernels          the local kernels (NumPy sweep, fused C) and their layouts
+reference        exact float64 GQA attention, the check's yardstick
+kernel_model     the accelerator kernel's own reads and its float64 model
+partition        which tokens each rank holds
+grid             cubes and PE grids: places, neighbours, chain depth
+schedules        how partials reach the root, as data (registry)
+wires            what a hop carries and what carrying loses (registry)
+inputs           generated or .npy inputs, independent of the rank count
+trace            per-rank timings and the Chrome trace-event timeline
+registry         the small registry the schedules and wires live in
+===============  ===============================================================
+"""

@@ -1,0 +1,144 @@
+"""How the partials reach the root, as data: one registry entry per schedule. No MPI.
+
+A schedule gives each rank its list of :class:`Step` s, run in order by
+:func:`gqa_mpi.mpi.exchange.execute`: ``recv`` from a peer and merge into the running
+partial, ``send`` the running partial on, or ``reduce``, one collective over all ranks
+(MPI picks the pattern). Each entry also owns its help text, its depth for a grid and
+which wires it can carry. Adding a schedule is one class here (or anywhere) with the
+``@SCHEDULES.register`` decorator; the command line, the config check, the report and
+the study sweeps all read :data:`SCHEDULES`.
+
+The kernel's chain (SPEC.md, "The chain reduction to the root")::
+
+    1. row chain      recv intra_E (if any), merge; send intra_W if col > 0
+    2. column bridge  at col 0: recv intra_S (if any), merge; send intra_N if row > 0
+    3. inter-cube     at PE 0: recv E (if any), merge; send W if cube > 0
+
+For 2 cubes of 2x4 PEs the partial of rank 15 reaches rank 0 in 5 hops::
+
+    cube 0: 0 <- 1 <- 2 <- 3      cube 1: 8  <- 9  <- 10 <- 11
+            ^                             ^
+            4 <- 5 <- 6 <- 7              12 <- 13 <- 14 <- 15
+    0 <-E- 8
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, NamedTuple, Optional, Tuple
+
+from .grid import Grid
+from .registry import Registry
+from .wires import Loss
+
+
+class Step(NamedTuple):
+    """One action of one rank: ``op`` is 'recv', 'send' or 'reduce'; ``dir`` names the
+    link (a SPEC direction, 'tree', ...); ``peer`` is the other rank (the root for
+    'reduce')."""
+
+    op: str
+    dir: str
+    peer: int
+
+
+@dataclass
+class Traffic:
+    """What one rank sent during a reduction, and what the wire lost on the way."""
+
+    messages: int = 0
+    bytes: int = 0
+    loss: Loss = field(default_factory=Loss)
+
+
+class Schedule:
+    """A reduction schedule; subclasses set ``name`` and ``help`` and give ``steps``."""
+
+    name = ""
+    help = ""
+    wires: Optional[Tuple[str, ...]] = None
+    """The wires it can carry; None for any point-to-point wire."""
+    default_wire = "fp32"
+
+    def steps(self, grid: Grid, rank: int) -> List[Step]:
+        raise NotImplementedError
+
+    def depth(self, grid: Grid) -> Optional[int]:
+        """Message latencies on the critical path; None where MPI decides."""
+        return None
+
+    def describe(self, grid: Grid) -> str:
+        """One line for the report: the help, and the depth on this grid."""
+        depth = self.depth(grid)
+        hops = "MPI picks the pattern" if depth is None else f"{depth} hops on the critical path"
+        return f"{self.name} ({self.help}), {hops}"
+
+    def check_wire(self, wire: str) -> None:
+        if self.wires is not None and wire not in self.wires:
+            raise ValueError(f"--reduce {self.name} carries only --wire "
+                             f"{' or '.join(self.wires)}, not {wire!r} (leave --wire out "
+                             f"for {self.default_wire})")
+
+
+SCHEDULES: Registry[Schedule] = Registry("--reduce")
+
+
+@SCHEDULES.register
+class Chain(Schedule):
+    name = "chain"
+    help = "the kernel's: row chain, column bridge, inter-cube chain"
+
+    def steps(self, grid: Grid, rank: int) -> List[Step]:
+        cube, pe, row, col = grid.place(rank)
+        nb = grid.neighbours(rank)
+        steps: List[Step] = []
+        if nb["intra_E"] is not None:
+            steps.append(Step("recv", "intra_E", nb["intra_E"]))
+        if col > 0:
+            return steps + [Step("send", "intra_W", nb["intra_W"])]
+        if nb["intra_S"] is not None:
+            steps.append(Step("recv", "intra_S", nb["intra_S"]))
+        if row > 0:
+            return steps + [Step("send", "intra_N", nb["intra_N"])]
+        if nb["E"] is not None:
+            steps.append(Step("recv", "E", nb["E"]))
+        if cube > 0:
+            steps.append(Step("send", "W", nb["W"]))
+        return steps
+
+    def depth(self, grid: Grid) -> int:
+        return grid.chain_depth
+
+
+@SCHEDULES.register
+class Tree(Schedule):
+    """In round ``k`` (``2**k`` apart) a rank whose lowest set bit is ``2**k`` sends its
+    partial to ``rank - 2**k`` and is done; the others receive from ``rank + 2**k``
+    if it exists."""
+
+    name = "tree"
+    help = "binomial tree over point-to-point messages"
+
+    def steps(self, grid: Grid, rank: int) -> List[Step]:
+        steps: List[Step] = []
+        span = 1
+        while span < grid.size:
+            if rank & span:
+                return steps + [Step("send", "tree", rank - span)]
+            if rank + span < grid.size:
+                steps.append(Step("recv", "tree", rank + span))
+            span *= 2
+        return steps
+
+    def depth(self, grid: Grid) -> int:
+        return (grid.size - 1).bit_length()
+
+
+@SCHEDULES.register
+class MpiReduce(Schedule):
+    name = "mpi"
+    help = "MPI.Reduce of one packed buffer, the merge as a user-defined operator"
+    wires = ("packed",)
+    default_wire = "packed"
+
+    def steps(self, grid: Grid, rank: int) -> List[Step]:
+        return [Step("reduce", "all", 0)] if grid.size > 1 else []

@@ -1,0 +1,293 @@
+"""``python -m gqa_mpi.bench``: how close one rank's attention gets to the roofline.
+
+Everything is measured in one process, in one run, on the same data, with one BLAS
+thread, and printed as a ratio to a baseline measured alongside it:
+
+- both local kernels (the fused C kernel and the NumPy reference sweep) against the
+  limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
+  both measured here, for float32 and float16 resident K/V (each with its own read
+  time); with the scratch high-water mark of the sweep (flat in S_local);
+- a naive NumPy attention (no tiling) and, when PyTorch is installed, PyTorch SDPA in
+  float32 with the query groups folded into the query axis and with ``enable_gqa``,
+  each as its time over ours (above 1: we are faster);
+- from real ``mpirun`` launches: reduction time against local time per schedule and
+  wire, and the start-up cost of a tiny 16-rank run against the bare imports.
+
+Absolute times mean little on a shared or oversubscribed machine; the ratios are the
+result. Run it on idle cores.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+import tracemalloc  # noqa: E402
+from typing import Callable, Dict, List  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ..core import kernels  # noqa: E402
+from ..core.attention import fold_queries, local_attention  # noqa: E402
+from .launcher import gqa_command, mpirun_command, plain  # noqa: E402
+from ..app.outputs import write_json  # noqa: E402
+
+
+def best_of(fn: Callable[[], object], repeats: int) -> float:
+    """The fastest of ``repeats`` calls, in seconds."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def peak_sgemm_rate(repeats: int) -> float:
+    """FLOP/s of a large square float32 matrix product on this thread."""
+    n = 2048
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    return 2 * n ** 3 / best_of(lambda: a @ a, repeats)
+
+
+def naive_attention(q, k, v, scale):
+    """No tiling: all scores of the slice at once. ``q (1,h,R,d)``, ``k, v (1,h,S,d)``."""
+    s = np.matmul(q * np.float32(scale), k.swapaxes(-1, -2))
+    s -= s.max(axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    return np.matmul(s, v) / s.sum(axis=-1, keepdims=True)
+
+
+def torch_baselines(q, k, v, G, repeats, gqa_limit_bytes):
+    """PyTorch SDPA float32 on the same arrays: groups folded, and enable_gqa."""
+    try:
+        import torch
+        import torch.nn.functional as F
+    except ImportError:
+        return {}
+    torch.set_num_threads(1)
+    tq, tk, tv = (torch.from_numpy(x) for x in (q, k, v))     # (1, h_kv, ., d), no copy
+    out = {"torch_folded": best_of(lambda: F.scaled_dot_product_attention(tq, tk, tv),
+                                   repeats)}
+    h_kv, d = q.shape[1], q.shape[-1]
+    expanded = k.nbytes * G * 2                                # repeated K and V
+    if expanded <= gqa_limit_bytes:
+        qh = tq.reshape(1, h_kv * G, 1, d)
+        out["torch_gqa"] = best_of(
+            lambda: F.scaled_dot_product_attention(qh, tk, tv, enable_gqa=True), repeats)
+    return out
+
+
+def read_time(arrays, repeats: int) -> float:
+    """Seconds to stream every byte of ``arrays`` once: the faster of a sum and a BLAS
+    dot over the bytes seen as float32 (a float16 array is read as half as many)."""
+    flat = [a.reshape(-1).view(np.float32) for a in arrays]
+    with np.errstate(all="ignore"):
+        return min(best_of(lambda: [x.sum() for x in flat], repeats),
+                   best_of(lambda: [np.dot(x, x) for x in flat], repeats))
+
+
+def fused_scratch_bytes(tile: int, d: int) -> int:
+    """The C kernel's own scratch (see _fused.c): 16 * (16*(ceil(tile/16)+1) + d) floats."""
+    return 4 * 16 * (16 * (-(-tile // 16) + 1) + d)
+
+
+def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
+                d: int, repeats: int, torch_gqa_limit: int) -> List[Dict]:
+    """Per S_local, G, K/V dtype and tile: the fused and NumPy sweeps over the limit,
+    and PyTorch SDPA (float32) over the fused sweep, all on the same data."""
+    rate = peak_sgemm_rate(repeats)
+    rng = np.random.default_rng(0)
+    fused = kernels.FusedKernel if kernels.FUSED_ERROR is None else None
+    rows = []
+    for S in tokens:
+        k_rows, v_rows = (rng.standard_normal((1, S, h_kv * d), dtype=np.float32)
+                          for _ in "kv")
+        for dtype in ("float32", "float16"):
+            src = {"k": k_rows, "v": v_rows}
+            held = {kern.name: kernels.make_resident(kern, lambda n, i, j: src[n][:, i:j],
+                                                     S, 1, h_kv, d, np.dtype(dtype))
+                    for kern in (kernels.NumpyKernel, fused) if kern is not None}
+            read = read_time(held["numpy"], repeats)
+            for G in groups:
+                q = fold_queries(rng.standard_normal((1, 1, h_kv * G * d), dtype=np.float32),
+                                 h_kv, d)
+                scale = 1 / np.sqrt(d)
+                flop = 4 * S * h_kv * G * d / rate
+                limit = max(read, flop)
+                base = dict(G=G, S_local=S, kv_dtype=dtype, read_s=read, flop_s=flop,
+                            limit_s=limit, sgemm_gflops=rate / 1e9)
+                baselines = {}
+                if dtype == "float32":
+                    k32, v32 = held["numpy"]
+                    baselines["naive_numpy"] = best_of(
+                        lambda: naive_attention(q, k32, v32, scale), repeats)
+                    baselines.update(torch_baselines(q, k32, v32, G, repeats, torch_gqa_limit))
+                for tile in tiles:
+                    row = dict(base, tile=tile)
+                    for name, (k, v) in held.items():
+                        sweep = kernels.FusedKernel.sweep if name == "fused" else local_attention
+                        tracemalloc.start()
+                        sweep(q, k, v, scale=scale, tile=tile)
+                        scratch = tracemalloc.get_traced_memory()[1]
+                        tracemalloc.stop()
+                        if name == "fused":
+                            scratch += fused_scratch_bytes(tile, d)
+                        t = best_of(lambda: sweep(q, k, v, scale=scale, tile=tile), repeats)
+                        row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
+                                    f"{name}_scratch_bytes": scratch})
+                    ours = row.get("fused_s", row["numpy_s"])
+                    for name, bt in baselines.items():
+                        row[f"{name}_s"] = bt
+                        row[f"{name}_over_ours"] = bt / ours
+                    rows.append(row)
+    return rows
+
+
+def reduction_table(ranks: List[int], tokens_per_rank: int, timeout: int) -> List[Dict]:
+    """Real launches: reduction time against local time per schedule and wire."""
+    combos = [("chain", "fp32"), ("chain", "kernel"), ("chain", "packed"),
+              ("tree", "fp32"), ("tree", "packed"), ("mpi", "packed")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            for schedule, wire in combos:
+                path = os.path.join(tmp, f"{n}-{schedule}-{wire}.json")
+                cmd = gqa_command(n, ["--seq-len", str(tokens_per_rank * n), "--reduce",
+                                      schedule, "--wire", wire, "--no-check", "--quiet",
+                                      "--json", path])
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+                if proc.returncode != 0:
+                    rows.append(dict(ranks=n, reduce=schedule, wire=wire,
+                                     error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
+                    continue
+                with open(path) as f:
+                    rec = json.load(f)
+                red = rec["timings"]["reduce"]["max"]
+                loc = rec["timings"]["local_attention"]["max"]
+                rows.append(dict(ranks=n, reduce=schedule, wire=wire,
+                                 hops=rec["config"]["reduce_depth"], reduce_s=red,
+                                 local_s=loc, reduce_over_local=red / loc,
+                                 messages=rec["messages"]["count"],
+                                 bytes=rec["messages"]["bytes"]))
+    return rows
+
+
+def startup(repeats: int, timeout: int) -> Dict:
+    """Import time of the package, and a tiny 16-rank run against bare imports."""
+    def wall(cmd):
+        return best_of(lambda: subprocess.run(cmd, capture_output=True, timeout=timeout,
+                                              check=True), repeats)
+    py = sys.executable
+    bare = wall([py, "-c", "pass"])
+    imports = wall([py, "-c", "import gqa_mpi.cli"])
+    mpi_imports = wall(mpirun_command(16, [py, "-c", "import gqa_mpi.cli"]))
+    tiny = wall(gqa_command(16, ["--seq-len", "1024", "--no-check", "--quiet"]))
+    default = wall(gqa_command(16, ["--quiet"]))
+    return dict(python_s=bare, import_s=imports - bare, mpirun16_imports_s=mpi_imports,
+                mpirun16_tiny_run_s=tiny, run_over_imports=tiny / mpi_imports,
+                mpirun16_default_run_s=default)
+
+
+def _sizes(text: str) -> List[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip().upper()
+        mult = 1024 if part.endswith("K") else 1
+        out.append(int(part.rstrip("K")) * mult)
+    return out
+
+
+def print_tables(result: Dict) -> None:
+    local = result["local"]
+    if local:
+        print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
+              f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} "
+              f"GFLOP/s")
+        print("  limit = max(read the resident K and V once, flops at peak sgemm), per "
+              "K/V dtype;\n  X/limit: 1.0 is the limit, lower is impossible, higher is "
+              "slower; torch/ours: above 1 we are faster")
+        extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
+        head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
+                f"{'flop ms':>8} {'fused ms':>9} {'fused/limit':>11} {'numpy ms':>9} "
+                f"{'numpy/limit':>11} {'scratch KiB':>11}  "
+                + "  ".join(f"{e + '/ours':>17}" for e in extra))
+        print(head)
+        nan = float("nan")
+        for r in local:
+            print(f"{r['G']:>2} {r['S_local']:>8} {r['kv_dtype']:>7} {r['tile']:>5} "
+                  f"{r['read_s'] * 1e3:>8.2f} {r['flop_s'] * 1e3:>8.2f} "
+                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_over_limit', nan):>11.2f} "
+                  f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
+                  f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
+                  + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
+    if result.get("reduction"):
+        print("\nreduction from real mpirun launches (max over ranks)")
+        print(f"{'ranks':>5} {'reduce':>6} {'wire':>6} {'hops':>4} {'reduce ms':>9} "
+              f"{'local ms':>9} {'reduce/local':>12} {'messages':>8}")
+        for r in result["reduction"]:
+            if "error" in r:
+                print(f"{r['ranks']:>5} {r['reduce']:>6} {r['wire']:>6}  failed: {r['error']}")
+                continue
+            hops = "-" if r["hops"] is None else r["hops"]
+            print(f"{r['ranks']:>5} {r['reduce']:>6} {r['wire']:>6} {hops:>4} "
+                  f"{r['reduce_s'] * 1e3:>9.2f} {r['local_s'] * 1e3:>9.2f} "
+                  f"{r['reduce_over_local']:>12.3f} {r['messages']:>8}")
+    s = result.get("startup")
+    if s:
+        print(f"\nstart-up: import gqa_mpi {s['import_s'] * 1e3:.0f} ms; 16-rank tiny run "
+              f"{s['mpirun16_tiny_run_s']:.2f} s vs 16-rank imports alone "
+              f"{s['mpirun16_imports_s']:.2f} s (ratio {s['run_over_imports']:.2f})")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m gqa_mpi.bench", description=plain(__doc__),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--tokens", default="8K,64K,256K",
+                   help="slice lengths S_local, e.g. 8K,64K (default %(default)s)")
+    p.add_argument("--tiles", default="1024", help="tile widths (default %(default)s)")
+    p.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv values (default %(default)s)")
+    p.add_argument("--heads-kv", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
+    p.add_argument("--ranks", default="16,64",
+                   help="rank counts for the reduction table; 'none' to skip")
+    p.add_argument("--tokens-per-rank", type=int, default=8192,
+                   help="S_kv / ranks in the reduction runs (default 8192)")
+    p.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
+                   help="skip enable_gqa when its repeated K/V would exceed this")
+    p.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
+    p.add_argument("--quick", action="store_true",
+                   help="tiny sizes, to check that the benchmark runs")
+    p.add_argument("--json", metavar="FILE", help="write every number here too")
+    p.add_argument("--timeout", type=int, default=600, help="per mpirun launch, seconds")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
+        args.ranks, args.tokens_per_rank, args.no_startup = "4", 256, True
+    try:
+        tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
+        ranks = [] if args.ranks == "none" else _sizes(args.ranks)
+    except ValueError as e:
+        p.error(f"bad list: {e}")
+    result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1, isa=kernels.isa())
+    result["local"] = local_table(tokens, tiles, groups, args.heads_kv, args.head_dim,
+                                  args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
+    result["reduction"] = reduction_table(ranks, args.tokens_per_rank, args.timeout)
+    result["startup"] = None if args.no_startup else startup(args.repeats, args.timeout)
+    print_tables(result)
+    if args.json:
+        write_json(args.json, result)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
