@@ -4,10 +4,10 @@ import itertools
 import numpy as np
 import pytest
 
-from gqa_mpi.attention import (empty_partial, finalize, fold_queries, local_attention,
+from gqa_mpi.core.attention import (empty_partial, finalize, fold_queries, local_attention,
                                merge, unfold_output)
-from gqa_mpi.driver import token_range
-from gqa_mpi.reference import attention_reference
+from gqa_mpi.core.partition import token_range
+from gqa_mpi.core.reference import attention_reference
 
 from util import distributed
 
@@ -119,25 +119,3 @@ def test_scratch_does_not_grow_with_slice():
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
     assert peaks[1] < 1.5 * peaks[0] + 4096, peaks
-
-
-@pytest.mark.parametrize("n", [1, 2, 3, 5, 8, 16, 17, 64])
-def test_tree_schedule_is_a_tree_of_depth_log2(n):
-    from gqa_mpi.config import tree_depth
-    from gqa_mpi.reduce import tree_schedule
-    sends = {(r, s.peer) for r in range(n) for s in tree_schedule(r, n) if s.op == "send"}
-    recvs = {(s.peer, r) for r in range(n) for s in tree_schedule(r, n) if s.op == "recv"}
-    assert sends == recvs and len(sends) == n - 1
-
-
-    def ready(r):
-        """Message latencies until rank r holds its merged subtree (receives in order)."""
-        t = 0
-        for s in tree_schedule(r, n):
-            if s.op == "recv":
-                t = max(t, ready(s.peer)) + 1
-        return t
-    assert ready(0) == tree_depth(n)
-    for r in range(n):            # a rank sends only after all its receives
-        ops = [s.op for s in tree_schedule(r, n)]
-        assert "send" not in ops[:-1]

@@ -10,8 +10,8 @@ import sys
 import numpy as np
 import pytest
 
-from gqa_mpi import kernels
-from gqa_mpi.reference import attention_reference
+from gqa_mpi.core import kernels
+from gqa_mpi.core.reference import attention_reference
 
 from util import launch, random_inputs, read_json, write_inputs
 

@@ -1,7 +1,9 @@
-"""Configuration checks (no MPI)."""
+"""Configuration: checks, dependent defaults, the generated command line (no MPI)."""
+import argparse
+
 import pytest
 
-from gqa_mpi.config import Config, default_topology
+from gqa_mpi.app.config import Config, add_arguments, default_topology
 
 
 @pytest.mark.parametrize("world,expect", [(1, (1, 1)), (16, (2, 8)), (12, (2, 6)),
@@ -9,6 +11,8 @@ from gqa_mpi.config import Config, default_topology
                                           (64, (8, 8))])
 def test_default_topology(world, expect):
     assert default_topology(world, None, None) == expect
+    placed = Config().placed(world)
+    assert (placed.cubes, placed.pes) == expect
 
 
 def test_one_given():
@@ -18,27 +22,92 @@ def test_one_given():
         default_topology(16, 3, None)
 
 
-@pytest.mark.parametrize("kw,words", [
-    (dict(cubes=2, pes=8, world_size=15), "16 ranks, but 15"),
-    (dict(pes=9, cubes=1, world_size=9), "does not fit the 2x4"),
-    (dict(heads_q=12, heads_kv=8), "not a multiple"),
-    (dict(seq_len=0), "--seq-len must be a positive"),
-    (dict(tile=-3), "--tile"),
-    (dict(grid=(0, 4)), "--grid rows"),
-    (dict(softmax_scale=float("inf")), "softmax-scale"),
-    (dict(wire="fp8"), "--wire"),
+@pytest.mark.parametrize("kw,world,words", [
+    (dict(cubes=2, pes=8), 15, "16 ranks, but 15"),
+    (dict(pes=9, cubes=1), 9, "does not fit the 2x4"),
+    (dict(heads_q=12, heads_kv=8), 1, "not a multiple"),
+    (dict(seq_len=0), 1, "--seq-len must be a positive"),
+    (dict(tile=-3), 1, "--tile"),
+    (dict(grid=(0, 4)), 1, "--grid rows"),
+    (dict(softmax_scale=float("inf")), 1, "softmax-scale"),
+    (dict(wire="fp8"), 1, "--wire must be one of fp32, kernel, packed"),
+    (dict(reduce="ring"), 1, "--reduce must be one of chain, tree, mpi"),
+    (dict(reduce="mpi", wire="fp32"), 1, "--reduce mpi carries only --wire packed"),
+    (dict(split=(3, 4)), 1, "add up to S_kv"),
+    (dict(seq_len=7, split=(3, 4)), 3, "2 token counts for 3 ranks"),
+    (dict(kernel_faithful=True, pes=6), 6, "SPEC defect 1"),
+    (dict(trace_tiles=True), 1, "give --trace"),
+    (dict(batch=0), 1, "--batch must be a positive"),
 ])
-def test_bad_config(kw, words):
-    base = dict(cubes=1, pes=1, world_size=1)
-    base.update(kw)
+def test_bad_config(kw, world, words):
     with pytest.raises(ValueError, match=words):
-        Config(**base)
+        Config(**kw).placed(world)
+
+
+def test_dependent_defaults_live_in_the_config():
+    assert Config().wire_format.name == "fp32"
+    assert Config(kernel_faithful=True).wire_format.name == "kernel"
+    assert Config(reduce="mpi").wire_format.name == "packed"
+    assert Config(reduce="tree", wire="kernel").wire_format.name == "kernel"
+    assert Config(batch=None).B == 1 and not Config().batched
+    assert Config(batch=1).batched
 
 
 def test_chain_depth():
-    assert Config(cubes=2, pes=8, world_size=16).chain_depth == 5
+    def depth(**kw):
+        c = Config(**kw)
+        return c.schedule.depth(c.layout)
+    assert depth(cubes=2, pes=8) == 5
     # P = 5: PE 3 (row 0, col 3) is 3 hops from PE 0, PE 4 (row 1, col 0) only 1
-    assert Config(cubes=3, pes=5, world_size=15).chain_depth == 3 + 2
-    assert Config(cubes=1, pes=7, world_size=7).chain_depth == 1 + 2
-    assert Config(cubes=1, pes=1, world_size=1).chain_depth == 0
-    assert Config(cubes=1, pes=3, world_size=3, grid=(4, 1)).chain_depth == 2
+    assert depth(cubes=3, pes=5) == 3 + 2
+    assert depth(cubes=1, pes=7) == 1 + 2
+    assert depth(cubes=1, pes=1) == 0
+    assert depth(cubes=1, pes=3, grid=(4, 1)) == 2
+    assert depth(cubes=2, pes=8, reduce="tree") == 4
+    assert depth(cubes=2, pes=8, reduce="mpi") is None
+
+
+def parse(argv):
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    return vars(p.parse_args(argv))
+
+
+def test_parser_is_generated_from_the_config():
+    assert parse([]) == {}                                    # defaults stay the config's
+    given = parse(["--seq-len", "100", "--grid", "1x8", "--no-check", "--causal",
+                   "--split", "50,50", "--max-memory", "2G", "--reduce", "tree"])
+    cfg = Config(**given)
+    assert (cfg.seq_len, cfg.grid, cfg.check, cfg.causal, cfg.split) == (
+        100, (1, 8), False, True, (50, 50))
+    assert cfg.max_memory == 2 << 30 and cfg.reduce == "tree"
+
+
+def test_help_shows_every_field_with_its_real_default():
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    text = p.format_help()
+    for flag, default in (("--seq-len", "32768"), ("--tile", "1024"), ("--head-dim", "128"),
+                          ("--kernel", "auto"), ("--reduce", "chain")):
+        entry = text[text.index("\n  " + flag):].split("(default:")[1]
+        assert entry.split(")")[0].strip() == default, flag
+    assert "binomial tree" in text and "float16" in text        # registry help joins in
+    assert "  --world-size" not in text
+
+
+def test_argv_and_json_round_trip():
+    cfg = Config(seq_len=100, grid=(1, 8), check=False, split=(60, 40), reduce="mpi",
+                 causal=True, batch=2, tile=7)
+    assert Config(**parse(cfg.to_argv())) == cfg
+    placed = cfg.placed(2)
+    assert Config.from_json(placed.to_json()) == Config(**dict(
+        parse(cfg.to_argv()), cubes=placed.cubes, pes=placed.pes, wire="packed"))
+
+
+def test_tokens_follow_the_split():
+    cfg = Config(seq_len=10).placed(4)
+    assert [cfg.tokens(r) for r in range(4)] == [(0, 3), (3, 6), (6, 8), (8, 10)]
+    cfg = Config(seq_len=10, split=(0, 10, 0, 0)).placed(4)
+    assert [cfg.tokens(r) for r in range(4)] == [(0, 0), (0, 10), (10, 10), (10, 10)]
+    cfg = Config(seq_len=10, kernel_faithful=True, pes=4).placed(4)
+    assert [cfg.tokens(r) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]

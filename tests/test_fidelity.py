@@ -4,7 +4,7 @@ import json
 import numpy as np
 import pytest
 
-from gqa_mpi.reference import attention_reference
+from gqa_mpi.core.reference import attention_reference
 
 from util import launch, read_json, write_inputs
 
@@ -33,7 +33,7 @@ def test_wires_agree(tmp_path, wire):
     o = tmp_path / f"{wire}.npy"
     proc = launch(8, ["--seq-len", 5000, "--seed", 4, "--wire", wire, "--output", o])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    from gqa_mpi import inputs
+    from gqa_mpi.core import inputs
     q, k, v = (inputs.generate(4, n, 1, s, w)[0] for n, s, w in
                (("q", 1, 4096), ("k", 5000, 1024), ("v", 5000, 1024)))
     ref = attention_reference(q, k, v, h_kv=8)

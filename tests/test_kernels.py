@@ -7,9 +7,9 @@ exercised too.
 import numpy as np
 import pytest
 
-from gqa_mpi import kernels
-from gqa_mpi.attention import causal_limits, finalize, fold_queries, unfold_output
-from gqa_mpi.reference import attention_reference
+from gqa_mpi.core import kernels
+from gqa_mpi.core.attention import causal_limits, finalize, fold_queries, unfold_output
+from gqa_mpi.core.reference import attention_reference
 
 fused = pytest.importorskip("gqa_mpi._fused", reason="the fused kernel was not built")
 
@@ -199,7 +199,7 @@ def test_auto_falls_back_to_numpy_with_one_line(monkeypatch):
 
 
 def test_kernel_fused_that_cannot_load_is_a_usage_error(monkeypatch, capsys):
-    from gqa_mpi import cli
+    from gqa_mpi.app import cli
     monkeypatch.setattr(kernels, "_fused", None)
     monkeypatch.setattr(kernels, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")
     assert cli.main(["--kernel", "fused", "--seq-len", "64"]) == 2

@@ -10,12 +10,14 @@ import pytest
 mpi4py = pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
-from gqa_mpi import inputs, kernels  # noqa: E402
-from gqa_mpi.config import Config  # noqa: E402
-from gqa_mpi.driver import decode_step  # noqa: E402
-from gqa_mpi.reduce import chain_schedule  # noqa: E402
-from gqa_mpi.reference import attention_reference  # noqa: E402
-from gqa_mpi.topology import DIRECTIONS, Topology  # noqa: E402
+from gqa_mpi import decode  # noqa: E402
+from gqa_mpi.app.cli import build_parser  # noqa: E402
+from gqa_mpi.app.config import Config  # noqa: E402
+from gqa_mpi.core import inputs, kernels  # noqa: E402
+from gqa_mpi.core.grid import DIRECTIONS, Grid  # noqa: E402
+from gqa_mpi.core.reference import attention_reference  # noqa: E402
+from gqa_mpi.core.schedules import SCHEDULES, Schedule, Step  # noqa: E402
+from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
 pytestmark = pytest.mark.mpi(min_size=16)
 
@@ -35,16 +37,19 @@ def test_neighbours_match_full_cartesian_grid(C, rows, cols):
     comm = sub_world(C * rows * cols)
     if comm == MPI.COMM_NULL:
         return
-    topo = Topology(comm, C, rows * cols, cols)
+    topo = Topology(comm, Grid(C, rows * cols, cols))
     cart = comm.Create_cart([C, rows, cols], reorder=False)
     want = {}
     for dim, (minus, plus) in zip(range(3), [("W", "E"), ("intra_N", "intra_S"),
                                              ("intra_W", "intra_E")]):
         want[minus], want[plus] = cart.Shift(dim, 1)
     assert topo.neighbours == want
+    geometric = {d: MPI.PROC_NULL if r is None else r
+                 for d, r in topo.grid.neighbours(comm.rank).items()}
+    assert geometric == want
     cube, row, col = cart.Get_coords(cart.rank)
-    assert (topo.cube, topo.row, topo.col) == (cube, row, col)
-    assert cart.Get_cart_rank([cube, row, col]) == comm.rank == cube * rows * cols + topo.pe
+    assert (topo.place.cube, topo.place.row, topo.place.col) == (cube, row, col)
+    assert cart.Get_cart_rank([cube, row, col]) == comm.rank == cube * rows * cols + topo.place.pe
     for c in (topo, ):
         c.free()
     cart.Free()
@@ -57,7 +62,7 @@ def test_neighbours_short_rows(C, P):
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
         return
-    topo = Topology(comm, C, P, 4)
+    topo = Topology(comm, Grid(C, P, 4))
     cube, pe = divmod(comm.rank, P)
     row, col = divmod(pe, 4)
     cart = topo.comm
@@ -73,7 +78,7 @@ def test_neighbours_short_rows(C, P):
     assert topo.neighbours == want
     assert set(topo.neighbours) == set(DIRECTIONS)
     # every send has a matching recv: the chain is a tree rooted at rank 0
-    steps = chain_schedule(topo.neighbours, topo.cube, topo.pe, topo.row, topo.col)
+    steps = SCHEDULES.get("chain").steps(topo.grid, comm.rank)
     sends = [(comm.rank, s.peer) for s in steps if s.op == "send"]
     recvs = [(s.peer, comm.rank) for s in steps if s.op == "recv"]
     all_sends = sorted(sum(comm.allgather(sends), []))
@@ -85,36 +90,39 @@ def test_neighbours_short_rows(C, P):
     comm.Free()
 
 
-def check_step(C, P, tolerance, **config):
-    """Run the whole step on C*P ranks (S_kv not a multiple of the rank count) and
-    compare the root's output with the float64 reference."""
+def check_step(C, P, tolerance, S=None, **config):
+    """Run the whole step through ``gqa_mpi.decode`` on C*P ranks (by default S_kv not
+    a multiple of the rank count) and compare the root's output with the float64
+    reference; return the record."""
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
         return None
-    S = 37 * C * P + 5
-    cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=S, heads_q=8, heads_kv=2,
-                 head_dim=16, queries=2, tile=16, seed=C * 100 + P, **config)
-    topo = Topology(comm, C, P, 4)
-    result = decode_step(cfg, topo)
+    S = 37 * C * P + 5 if S is None else S
+    seed = C * 100 + P
+    q, k, v = (inputs.generate(seed, n, 1, size, width)[0] for n, size, width in
+               (("q", 2, 128), ("k", S, 32), ("v", S, 32)))
+    cfg = Config(cubes=C, pes=P, seq_len=S, heads_q=8, heads_kv=2, head_dim=16, queries=2,
+                 tile=16, **config)
+    start, stop = cfg.placed(C * P).tokens(comm.rank)
+    result = decode(q, k[start:stop], v[start:stop], cfg, comm=comm)
     if comm.rank == 0:
-        q, k, v = (inputs.generate(cfg.seed, n, 1, size, width) for n, size, width in
-                   (("q", 2, 128), ("k", S, 32), ("v", S, 32)))
         if cfg.kv_dtype == "float16":  # what the ranks hold
             k, v = k.astype(np.float16), v.astype(np.float16)
-        ref = attention_reference(q[0], k[0], v[0], h_kv=2, causal=cfg.causal)
+        ref = attention_reference(q, k, v, h_kv=2, causal=cfg.causal)
         np.testing.assert_allclose(result.output, ref, atol=tolerance * np.abs(ref).max())
-    messages = comm.allreduce(result.traffic.messages)
-    topo.free()
+    else:
+        assert result.output is None
+    assert result.record.config.n_ranks == C * P
     comm.Free()
-    return messages
+    return result.record
 
 
 @pytest.mark.parametrize("C,P", TOPOLOGIES)
 @pytest.mark.parametrize("wire", ["fp32", "kernel", "packed"])
 def test_decode_step_against_reference(C, P, wire):
-    messages = check_step(C, P, 2e-3 if wire == "kernel" else 2e-6, wire=wire, causal=True)
-    if messages is not None:
-        assert messages == (1 if wire == "packed" else 3) * (C * P - 1)
+    record = check_step(C, P, 2e-3 if wire == "kernel" else 2e-6, wire=wire, causal=True)
+    if record is not None:
+        assert record.messages == (1 if wire == "packed" else 3) * (C * P - 1)
 
 
 # the suite launcher fails on any skip: where the fused kernel was not built (no C
@@ -130,17 +138,8 @@ def test_local_kernels_and_resident_dtypes(C, P, kernel, kv_dtype):
 
 
 def test_fewer_tokens_than_ranks():
-    comm = MPI.COMM_WORLD
-    cfg = Config(cubes=2, pes=8, world_size=16, seq_len=5, heads_q=4, heads_kv=4,
-                 head_dim=8, seed=3)
-    topo = Topology(comm, 2, 8, 4)
-    result = decode_step(cfg, topo)
-    assert comm.allreduce(result.stop - result.start) == 5
-    if comm.rank == 0:
-        q, k, v = (inputs.generate(3, n, 1, size, 32) for n, size in (("q", 1), ("k", 5), ("v", 5)))
-        ref = attention_reference(q[0], k[0], v[0], h_kv=4)
-        np.testing.assert_allclose(result.output, ref, atol=1e-6)
-    topo.free()
+    record = check_step(2, 8, 2e-6, S=5)
+    assert sum(r.tokens for r in record.ranks) == 5 and record.tokens["min"] == 0
 
 
 def spec_schedule(rank, C, P, cols=4):
@@ -185,12 +184,15 @@ def test_trace_follows_spec_schedule(C, P):
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
         return
-    cfg = Config(cubes=C, pes=P, world_size=C * P, seq_len=50 * C * P, heads_q=4,
-                 heads_kv=2, head_dim=8, tile=16, trace="unused.json", trace_tiles=True)
-    topo = Topology(comm, C, P, 4)
-    result = decode_step(cfg, topo)
-    events = comm.gather(result.recorder.events, root=0)
+    cfg = Config(cubes=C, pes=P, seq_len=50 * C * P, heads_q=4, heads_kv=2, head_dim=8,
+                 tile=16, trace="unused.json", trace_tiles=True).placed(C * P)
+    q, k, v = (inputs.generate(1, n, 1, size, width)[0] for n, size, width in
+               (("q", 1, 32), ("k", cfg.seq_len, 16), ("v", cfg.seq_len, 16)))
+    start, stop = cfg.tokens(comm.rank)
+    result = decode(q, k[start:stop], v[start:stop], cfg, comm=comm)
     if comm.rank == 0:
+        doc = result.trace["traceEvents"]
+        events = [[e for e in doc if e["pid"] == r and e["ph"] == "X"] for r in range(C * P)]
         for rank, evs in enumerate(events):
             msgs = sorted((e for e in evs if e["cat"] == "message"), key=lambda e: e["args"]["seq"])
             got = [(e["args"]["op"], e["args"]["dir"], e["args"]["tensor"]) for e in msgs]
@@ -200,12 +202,19 @@ def test_trace_follows_spec_schedule(C, P):
             names = {e["name"] for e in evs}
             assert {"inputs", "local_attention", "reduce"} <= names
             assert any(e["cat"] == "tile" for e in evs)
+        # one flow arrow per message, from the sender's row to the receiver's
+        starts = [e for e in doc if e.get("ph") == "s"]
+        ends = {e["id"]: e for e in doc if e.get("ph") == "f"}
+        assert len(starts) == len(ends) == 3 * (C * P - 1)
+        for s in starts:
+            src, dst = map(int, s["name"].split()[1].split("->"))
+            assert (s["pid"], ends[s["id"]]["pid"]) == (src, dst)
         cols, rows = min(4, P), -(-P // 4)
         farthest_pe = max(pe // 4 + pe % 4 for pe in range(P))
-        assert critical_path(events) == farthest_pe + C - 1 == cfg.chain_depth
+        depth = cfg.schedule.depth(cfg.layout)
+        assert critical_path(events) == farthest_pe + C - 1 == depth
         if P % 4 == 0 or P < 4:                          # the grids the kernel can run
-            assert cfg.chain_depth == (cols - 1) + (rows - 1) + (C - 1)
-    topo.free()
+            assert depth == (cols - 1) + (rows - 1) + (C - 1)
     comm.Free()
 
 
@@ -213,3 +222,32 @@ def test_trace_follows_spec_schedule(C, P):
 @pytest.mark.parametrize("reduce", ["tree", "mpi"])
 def test_other_reduce_schedules(C, P, reduce):
     check_step(C, P, 2e-6, reduce=reduce)
+
+
+class Star(Schedule):
+    """A schedule written in this test file alone: every rank sends straight to rank 0."""
+
+    name = "star"
+    help = "every rank sends its partial straight to rank 0"
+
+    def steps(self, grid, rank):
+        if rank:
+            return [Step("send", "star", 0)]
+        return [Step("recv", "star", peer) for peer in range(1, grid.size)]
+
+    def depth(self, grid):
+        return 1 if grid.size > 1 else 0
+
+
+@pytest.mark.parametrize("C,P", [(1, 1), (2, 8), (3, 5)])
+def test_a_schedule_added_in_one_file(C, P):
+    """One class and one registry line: the command line, the config and the run take it."""
+    SCHEDULES.register(Star)
+    try:
+        assert "star" in build_parser().format_help()
+        record = check_step(C, P, 2e-6, reduce="star", causal=True)
+        if record is not None:
+            assert record.messages == 3 * (C * P - 1)
+            assert "star (every rank sends" in record.config.schedule.describe(record.config.layout)
+    finally:
+        SCHEDULES.unregister("star")

@@ -3,7 +3,7 @@ import os
 import subprocess
 import sys
 
-from gqa_mpi.launcher import mpirun_command
+from gqa_mpi.tools.launcher import mpirun_command
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

@@ -6,9 +6,9 @@ runs); the float64 reference and the float32 control are the tests' own.
 import numpy as np
 import pytest
 
-from gqa_mpi import cli
-from gqa_mpi.reference import attention_reference
-from gqa_mpi.report import compare
+from gqa_mpi.app import cli
+from gqa_mpi.core.reference import attention_reference
+from gqa_mpi.app.check import compare
 
 from util import distributed, write_inputs
 

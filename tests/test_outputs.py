@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from gqa_mpi import cli, outputs
+from gqa_mpi.app import cli, outputs
 
 from util import random_inputs, write_inputs
 

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gqa_mpi import cli
-from gqa_mpi.attention import merge
-from gqa_mpi.launcher import gqa_command
-from gqa_mpi.reference import attention_reference
+from gqa_mpi.app import cli
+from gqa_mpi.core.attention import merge
+from gqa_mpi.tools.launcher import gqa_command
+from gqa_mpi.core.reference import attention_reference
 
 from util import distributed, launch, random_inputs, read_json, write_inputs
 

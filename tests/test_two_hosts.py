@@ -15,8 +15,8 @@ import uuid
 import numpy as np
 import pytest
 
-from gqa_mpi.launcher import is_open_mpi, mpirun
-from gqa_mpi.reference import attention_reference
+from gqa_mpi.tools.launcher import is_open_mpi, mpirun
+from gqa_mpi.core.reference import attention_reference
 
 from util import random_inputs, write_inputs
 

@@ -5,11 +5,11 @@ import subprocess
 
 import numpy as np
 
-from gqa_mpi.attention import (causal_limits, empty_partial, finalize, fold_queries,
+from gqa_mpi.core.attention import (causal_limits, empty_partial, finalize, fold_queries,
                                local_attention, merge, unfold_output)
-from gqa_mpi.kernels import NumpyKernel, make_resident
-from gqa_mpi.driver import token_range
-from gqa_mpi.launcher import gqa_command
+from gqa_mpi.core.kernels import NumpyKernel, make_resident
+from gqa_mpi.core.partition import token_range
+from gqa_mpi.tools.launcher import gqa_command
 
 TIMEOUT = 120
 

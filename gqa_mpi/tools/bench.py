@@ -24,7 +24,6 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -38,6 +37,9 @@ from ..core import kernels  # noqa: E402
 from ..core.attention import fold_queries, local_attention  # noqa: E402
 from .launcher import gqa_command, mpirun_command, plain  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
+from ..app.record import RunRecord  # noqa: E402
+from ..core.schedules import SCHEDULES  # noqa: E402
+from ..core.wires import WIRES  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -153,8 +155,8 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
 
 def reduction_table(ranks: List[int], tokens_per_rank: int, timeout: int) -> List[Dict]:
     """Real launches: reduction time against local time per schedule and wire."""
-    combos = [("chain", "fp32"), ("chain", "kernel"), ("chain", "packed"),
-              ("tree", "fp32"), ("tree", "packed"), ("mpi", "packed")]
+    combos = [(s.name, w.name) for s in SCHEDULES for w in WIRES
+              if s.wires is None or w.name in s.wires]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in ranks:
@@ -168,15 +170,13 @@ def reduction_table(ranks: List[int], tokens_per_rank: int, timeout: int) -> Lis
                     rows.append(dict(ranks=n, reduce=schedule, wire=wire,
                                      error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
                     continue
-                with open(path) as f:
-                    rec = json.load(f)
-                red = rec["timings"]["reduce"]["max"]
-                loc = rec["timings"]["local_attention"]["max"]
+                rec = RunRecord.load(path)
+                red = rec.timings()["reduce"]["max"]
+                loc = rec.timings()["local_attention"]["max"]
                 rows.append(dict(ranks=n, reduce=schedule, wire=wire,
-                                 hops=rec["config"]["reduce_depth"], reduce_s=red,
-                                 local_s=loc, reduce_over_local=red / loc,
-                                 messages=rec["messages"]["count"],
-                                 bytes=rec["messages"]["bytes"]))
+                                 hops=rec.config.schedule.depth(rec.config.layout),
+                                 reduce_s=red, local_s=loc, reduce_over_local=red / loc,
+                                 messages=rec.messages, bytes=rec.bytes))
     return rows
 
 
@@ -187,8 +187,8 @@ def startup(repeats: int, timeout: int) -> Dict:
                                               check=True), repeats)
     py = sys.executable
     bare = wall([py, "-c", "pass"])
-    imports = wall([py, "-c", "import gqa_mpi.cli"])
-    mpi_imports = wall(mpirun_command(16, [py, "-c", "import gqa_mpi.cli"]))
+    imports = wall([py, "-c", "import gqa_mpi.app.cli"])
+    mpi_imports = wall(mpirun_command(16, [py, "-c", "import gqa_mpi.app.cli"]))
     tiny = wall(gqa_command(16, ["--seq-len", "1024", "--no-check", "--quiet"]))
     default = wall(gqa_command(16, ["--quiet"]))
     return dict(python_s=bare, import_s=imports - bare, mpirun16_imports_s=mpi_imports,

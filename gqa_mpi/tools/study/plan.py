@@ -1,0 +1,100 @@
+"""A study's points: one base :class:`~gqa_mpi.app.config.Config` and, per point, a
+rank count and ``dataclasses.replace`` of it. No launching here."""
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Tuple
+
+from ...app.config import Config, _grid
+from ..launcher import mpirun_command
+
+KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid")
+SWEEPS = {"tile": ("tile", "tiles", int), "wire": ("wire", "wires", str),
+          "reduce": ("reduce", "reduces", str), "grid": ("grid", "grids", _grid)}
+"""Sweep kind -> (the Config field it varies, the study option listing the values,
+how one value is read)."""
+
+
+class StudyError(Exception):
+    """A study that cannot go on as asked: printed as one line, exit 2."""
+
+
+def words(text) -> List[str]:
+    """``"a,b"`` or a list (from a TOML or JSON file) -> ``["a", "b"]``."""
+    if isinstance(text, (list, tuple)):
+        return [str(x).strip() for x in text]
+    return [x.strip() for x in str(text).split(",") if x.strip()]
+
+
+@dataclass(frozen=True)
+class Point:
+    """One experiment: ``ranks`` ranks running ``config`` (plus raw ``extra`` options)."""
+
+    study: str
+    ranks: int
+    config: Config
+    extra: Tuple[str, ...] = ()
+
+    def columns(self) -> Dict:
+        """What the CSV records about the point."""
+        c = self.config
+        return dict(study=self.study, ranks=self.ranks, cubes="", pes="",
+                    grid=f"{c.grid[0]}x{c.grid[1]}", seq_len=c.seq_len,
+                    tokens_per_rank=c.seq_len // self.ranks, heads_q=c.heads_q,
+                    heads_kv=c.heads_kv, head_dim=c.head_dim, queries=c.queries,
+                    batch=c.B, tile=c.tile, wire=c.wire_format.name,
+                    reduce_schedule=c.reduce, extra=shlex.join(self.extra))
+
+    @property
+    def run_id(self) -> str:
+        """A stable name: what makes two runs the same experiment."""
+        return run_id(self.columns())
+
+    def argv(self, json_path: str) -> List[str]:
+        """``python -m gqa_mpi`` options of one launch, writing its record to ``json_path``."""
+        return replace(self.config, json=json_path, quiet=True).to_argv() + list(self.extra)
+
+
+def run_id(columns: Dict) -> str:
+    keys = ("study", "ranks", "grid", "seq_len", "heads_q", "heads_kv", "head_dim",
+            "queries", "batch", "tile", "wire", "reduce_schedule", "extra")
+    return "|".join(f"{k}={columns[k]}" for k in keys)
+
+
+def plan(kind: str, base: Config, ranks: List[int], tokens_per_rank: int,
+         values: Optional[List[str]] = None, extra: Tuple[str, ...] = ()) -> List[Point]:
+    """The study's points, in run order (without repeats); each one checked as it will
+    be placed, so that a point gqa_mpi would refuse is refused here, before any launch."""
+    if kind in ("strong", "weak"):
+        points = [Point(kind, n, base if kind == "strong"
+                        else replace(base, seq_len=tokens_per_rank * n), extra)
+                  for n in ranks]
+    else:
+        name, option, read = SWEEPS[kind]
+        try:
+            parsed = [read(v) for v in values or []]
+        except Exception:
+            raise StudyError(f"--{option} {','.join(values or [])!r}: not a list of "
+                             f"{name} values")
+        points = []
+        for value in parsed:
+            try:
+                points.append(Point(kind, ranks[-1], replace(base, **{name: value}), extra))
+            except ValueError as e:
+                raise StudyError(f"--{option} {value}: {e}")
+    for p in points:
+        try:
+            p.config.placed(p.ranks)
+        except ValueError as e:
+            raise StudyError(f"{kind} point at {p.ranks} ranks: {e}")
+    return points
+
+
+def launch_command(launcher: Optional[str], n: int, argv: List[str]) -> List[str]:
+    """``mpirun -n N python -m gqa_mpi ...`` or the user's template with ``{n}``."""
+    tail = [sys.executable, "-m", "gqa_mpi", *argv]
+    if not launcher:
+        return mpirun_command(n, tail)
+    return shlex.split(launcher.replace("{n}", str(n))) + tail

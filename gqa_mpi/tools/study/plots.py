@@ -1,0 +1,116 @@
+"""PNGs of a study's results (needs matplotlib: ``pip install -e ".[study]"``)."""
+from __future__ import annotations
+
+import os
+from typing import List
+
+from .results import medians, read_results, scaling
+
+
+def plot(csv_path: str, out_dir: str) -> List[str]:
+    """Draw the study's PNGs next to each other in ``out_dir``; return their paths."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("gqa_mpi.study plot: matplotlib is missing; "
+                         "pip install -e \".[study]\"")
+    points = scaling(medians(read_results(csv_path)))
+    if not points:
+        raise SystemExit(f"gqa_mpi.study plot: no finished runs in {csv_path}")
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    stem = os.path.splitext(os.path.basename(csv_path))[0]
+
+    def save(fig, name):
+        # named after the CSV too, so two studies plotted into one folder both survive
+        kind = name.split("_")[0]
+        path = os.path.join(out_dir, name if stem == kind else f"{stem}_{name}")
+        fig.tight_layout()
+        tmp = path + ".tmp.png"
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+        plt.close(fig)
+        written.append(path)
+
+    for kind in ("strong", "weak"):
+        pts = sorted((p for p in points if p["study"] == kind), key=lambda p: p["ranks"])
+        if not pts:
+            continue
+        n = [p["ranks"] for p in pts]
+        step = [p["step"] * 1e3 for p in pts]
+        title = (f"{kind} scaling: S_kv = {pts[0]['seq_len']}" if kind == "strong" else
+                 f"weak scaling: {pts[0]['tokens_per_rank']} tokens per rank")
+        title += f", h_kv={pts[0]['heads_kv']}, d={pts[0]['head_dim']}"
+
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        ax.plot(n, step, "o-", label="measured (median of max over ranks)")
+        ideal = ([step[0] * n[0] / x for x in n] if kind == "strong" else [step[0]] * len(n))
+        ax.plot(n, ideal, "--", color="gray", label="ideal")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log" if kind == "strong" else "linear")
+        ax.set_xticks(n, [str(x) for x in n])
+        ax.set_xlabel("MPI ranks (one PE each)")
+        ax.set_ylabel("step time, ms (local attention + reduction)")
+        ax.set_title(title, fontsize=9)
+        ax.legend(fontsize=8)
+        ax.grid(alpha=0.3)
+        save(fig, f"{kind}_time.png")
+
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        ax.plot(n, [p["efficiency"] for p in pts], "o-")
+        ax.axhline(1.0, ls="--", color="gray")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(x) for x in n])
+        ax.set_ylim(0, max(1.15, 1.05 * max(p["efficiency"] for p in pts)))
+        ax.set_xlabel("MPI ranks")
+        ax.set_ylabel("parallel efficiency")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        save(fig, f"{kind}_efficiency.png")
+
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        local = [p["local_attention"] * 1e3 for p in pts]
+        beyond = [max(p["step"] * 1e3 - lo, 0.0) for p, lo in zip(pts, local)]
+        x = range(len(n))
+        ax.bar(x, local, label="local attention (slowest rank)")
+        ax.bar(x, beyond, bottom=local,
+               label="reduction and waiting beyond it (step - slowest local)")
+        ax.set_xticks(list(x), [str(v) for v in n])
+        ax.set_xlabel("MPI ranks")
+        ax.set_ylabel("ms (median over repeats)")
+        ax.set_title(title + ": breakdown", fontsize=9)
+        ax.legend(fontsize=8)
+        save(fig, f"{kind}_breakdown.png")
+
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(v) for v in n])
+        ax.set_xlabel("MPI ranks")
+        ax.set_ylabel("KV tokens per second (millions)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        save(fig, f"{kind}_throughput.png")
+
+    for kind, field in (("tile", "tile"), ("wire", "wire"), ("reduce", "reduce_schedule"),
+                        ("grid", "grid")):
+        pts = [p for p in points if p["study"] == kind]
+        if not pts:
+            continue
+        if kind == "tile":                  # 256 before 1024, whatever order was asked
+            pts.sort(key=lambda p: int(p["tile"]))
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        labels = [str(p[field]) for p in pts]
+        local = [p["local_attention"] * 1e3 for p in pts]
+        beyond = [max(p["step"] * 1e3 - lo, 0.0) for p, lo in zip(pts, local)]
+        ax.bar(labels, local, label="local attention (slowest rank)")
+        ax.bar(labels, beyond, bottom=local, label="reduction beyond it")
+        ax.set_xlabel(field)
+        ax.set_ylabel("ms (median of max over ranks)")
+        ax.set_title(f"{kind} sweep at {pts[0]['ranks']} ranks, S_kv = {pts[0]['seq_len']}",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        save(fig, f"{kind}_sweep.png")
+    return written

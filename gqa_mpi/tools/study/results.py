@@ -1,0 +1,163 @@
+"""A study's results file: one CSV row per finished launch, appended and synced at
+once; read back whole, repaired after a kill, and summarised (medians, scaling)."""
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+import sys
+import time
+from typing import Dict, Iterable, List
+
+from ...app.record import PHASES, RunRecord
+from .plan import Point, StudyError
+
+POINT_KEYS = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_rank",
+              "heads_q", "heads_kv", "head_dim", "queries", "batch", "tile", "wire",
+              "reduce_schedule", "extra")
+COLUMNS = (("run_id", "repeat", "status") + POINT_KEYS
+           + tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
+           + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
+              "wall_s", "finished_at", "host", "error"))
+STATUSES = ("ok", "check_failed", "failed", "timeout")
+
+
+STATUSES = ("ok", "check_failed", "failed", "timeout")
+
+
+def _row_ok(row: Dict) -> bool:
+    """A whole row: every column present, a known status, a numeric repeat."""
+    if None in row or any(v is None for v in row.values()):
+        return False
+    return row["status"] in STATUSES and row["repeat"].isdigit() and bool(row["run_id"])
+
+
+def read_results(path: str, repair: bool = False) -> List[Dict]:
+    """The finished runs of a results CSV.
+
+    A damaged header is refused (rather than rerunning everything into a file that
+    holds results). A last line cut short by a kill is dropped, and with ``repair`` cut
+    off the file, so the next row does not glue onto it; other garbage rows are skipped
+    with a warning (their runs are redone), never deleted.
+    """
+    if not os.path.exists(path):
+        return []
+    if not os.path.isfile(path):
+        raise StudyError(f"{path}: not a regular file")
+    with open(path, "rb") as f:
+        data = f.read()
+    if not data:
+        return []
+    lines = data.split(b"\n")
+    cut = lines[-1] != b""            # no newline at the end: a row cut by a kill
+    text = data.decode("utf-8", errors="replace")
+    reader = csv.reader(text.splitlines())
+    header = next(reader, None)
+    if header != list(COLUMNS):
+        raise StudyError(f"{path}: the header is not a gqa_mpi study's (damaged, or another "
+                         f"file, or an older version); move it away or choose another --out")
+    rows, garbage = [], []
+    for n, fields in enumerate(reader, start=2):
+        row = dict(zip(COLUMNS, fields)) if len(fields) == len(COLUMNS) else {None: fields}
+        if _row_ok(row) and not (cut and n == len(lines)):
+            rows.append(row)
+        elif not (cut and n == len(lines)):
+            garbage.append(n)
+    if garbage:
+        sys.stderr.write(f"gqa_mpi.study: {path}: skipped {len(garbage)} damaged row(s) "
+                         f"(line(s) {', '.join(map(str, garbage[:10]))}); their runs are "
+                         f"redone\n")
+    if cut and repair:
+        keep = len(data) - len(lines[-1])
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+            f.flush()
+            os.fsync(f.fileno())
+        sys.stderr.write(f"gqa_mpi.study: {path}: dropped a last line cut short "
+                         f"({len(lines[-1])} bytes); every whole row is kept\n")
+    return rows
+
+
+def append_row(path: str, row: Dict) -> None:
+    """Append one run and make it durable before the next run starts."""
+    new = not os.path.exists(path) or os.path.getsize(path) == 0
+    with open(path, "a", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
+        if new:
+            w.writeheader()
+        w.writerow(row)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> Dict:
+    """The CSV row of one finished launch, from its run record."""
+    row = dict(point.columns(), run_id=point.run_id, repeat=repeat, status="ok",
+               wall_s=wall, finished_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+               host=",".join(rec.hosts), error="")
+    row["cubes"], row["pes"] = rec.config.cubes, rec.config.pes
+    timings = rec.timings()
+    for phase in PHASES:
+        for stat in ("min", "median", "max"):
+            row[f"{phase}_{stat}"] = timings.get(phase, {}).get(stat, "")
+    row["messages"], row["bytes"] = rec.messages, rec.bytes
+    row["peak_rss_max_mib"] = rec.peak_rss_mib["max"]
+    row["max_rel_err"] = "" if rec.check is None else rec.check.max_rel_err
+    row["passed"] = "" if rec.check is None else rec.check.passed
+    return row
+
+
+def medians(rows: Iterable[Dict]) -> List[Dict]:
+    """One entry per point: medians over the repeats of each timing."""
+    groups: Dict[str, List[Dict]] = {}
+    for r in rows:
+        if r["status"] == "ok":
+            groups.setdefault(r["run_id"], []).append(r)
+    out = []
+    for rid, rs in groups.items():
+        m = dict(rs[0])
+        for phase in PHASES:
+            vals = [float(r[f"{phase}_max"]) for r in rs if r.get(f"{phase}_max")]
+            m[phase] = statistics.median(vals) if vals else float("nan")
+        for key in ("ranks", "seq_len", "tile"):
+            m[key] = int(m[key])
+        m["repeats"] = len(rs)
+        out.append(m)
+    return sorted(out, key=lambda m: (m["study"], m["ranks"], str(m["tile"]), m["wire"],
+                                      m["reduce_schedule"], m["grid"]))
+
+
+def scaling(points: List[Dict]) -> List[Dict]:
+    """Speed-up and parallel efficiency of the step time against the fewest ranks."""
+    for kind in ("strong", "weak"):
+        pts = [p for p in points if p["study"] == kind]
+        if not pts:
+            continue
+        ref = min(pts, key=lambda p: p["ranks"])
+        for p in pts:
+            ratio = p["ranks"] / ref["ranks"]
+            if kind == "strong":
+                p["efficiency"] = ref["step"] / (ratio * p["step"])
+            else:
+                p["efficiency"] = ref["step"] / p["step"]
+            p["tokens_per_s"] = p["seq_len"] / p["step"]
+    return points
+
+
+def summarise(rows: List[Dict], stream) -> None:
+    """Medians per point. ``step`` is the decode step of the slowest rank (local
+    attention + reduction + finalize), ``local`` the slowest local sweep, and
+    ``beyond`` their difference: what the reduction costs on top of the local work."""
+    points = scaling(medians(rows))
+    if not points:
+        return
+    stream.write(f"{'study':>6} {'ranks':>5} {'S_kv':>9} {'tile':>5} {'wire':>6} "
+                 f"{'reduce':>6} {'grid':>4} {'step ms':>9} {'local ms':>9} "
+                 f"{'beyond ms':>9} {'eff':>5} {'n':>2}\n")
+    for p in points:
+        eff = p.get("efficiency")
+        stream.write(f"{p['study']:>6} {p['ranks']:>5} {p['seq_len']:>9} {p['tile']:>5} "
+                     f"{p['wire']:>6} {p['reduce_schedule']:>6} {p['grid']:>4} "
+                     f"{p['step'] * 1e3:>9.2f} {p['local_attention'] * 1e3:>9.2f} "
+                     f"{(p['step'] - p['local_attention']) * 1e3:>9.2f} "
+                     f"{'' if eff is None else f'{eff:.2f}':>5} {p['repeats']:>2}\n")
