@@ -10,6 +10,8 @@ import sys
 import numpy as np
 import pytest
 
+import gqa_mpi
+from gqa_mpi.app.record import RunRecord
 from gqa_mpi.core import kernels
 from gqa_mpi.core.reference import attention_reference
 
@@ -21,17 +23,23 @@ def test_default_run_reports_and_passes(tmp_path):
     proc = launch(16, ["--seq-len", 20000, "--json", out])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
-    assert any("C=2 cubes x P=8 PEs = 16 ranks" in s and "chain depth 5" in s for s in lines)
+    assert any("C=2 cubes x P=8 PEs = 16 ranks" in s for s in lines)
+    assert any(s.startswith("reduce    chain") and "5 hops" in s for s in lines)
     assert any("PASSED" in s for s in lines)
-    rec = read_json(out)
-    assert rec["check"]["passed"] and rec["check"]["max_rel_err"] < 1e-5
-    for phase in ("local_attention", "reduce", "total"):
-        assert set(rec["timings"][phase]) == {"min", "median", "max"}
-    assert rec["messages"]["count"] == 3 * 15
-    assert len(rec["memory"]["per_rank_mib"]) == 16
-    assert rec["config"]["cubes"] == 2 and rec["config"]["pes"] == 8
+    raw = read_json(out)
+    assert raw["units"]["timings"] == "s" and raw["version"] == gqa_mpi.__version__
+    assert raw["mpi_library"] and raw["created"].endswith("Z")
+    assert "Infinity" not in out.read_text() and "NaN" not in out.read_text()
+    rec = RunRecord.load(out)
+    assert rec.check.passed and rec.check.max_rel_err < 1e-5
+    for phase in ("local_attention", "reduce", "step", "total"):
+        assert set(rec.timings()[phase]) == {"min", "median", "max"}
+    assert rec.messages == 3 * 15 and len(rec.ranks) == 16
+    assert rec.hosts == [rec.ranks[0].host]
+    assert (rec.config.cubes, rec.config.pes) == (2, 8)
     want = ["numpy"] if kernels.FUSED_ERROR else ["fused"]
-    assert rec["kernel"]["used"] == want and rec["config"]["kernel"] == "auto"
+    assert rec.kernels == want and rec.config.kernel == "auto"
+    assert RunRecord.from_json(rec.to_json()) == rec
 
 
 @pytest.mark.parametrize("C,P", [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4)])

@@ -34,7 +34,7 @@ def good(tmp_path, **over):
 
 def test_inspect_good(tmp_path):
     assert inspect_inputs(good(tmp_path), 16) == dict(
-        batch=2, batched=True, queries=3, seq_len=50, heads_q=4, heads_kv=2, kv_dtype="float16")
+        batch=2, queries=3, seq_len=50, heads_q=4, heads_kv=2, kv_dtype="float16")
 
 
 BAD = {

@@ -19,6 +19,8 @@ from gqa_mpi.core.reference import attention_reference  # noqa: E402
 from gqa_mpi.core.schedules import SCHEDULES, Schedule, Step  # noqa: E402
 from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
+from util import spec_schedule  # noqa: E402
+
 pytestmark = pytest.mark.mpi(min_size=16)
 
 TOPOLOGIES = [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4), (2, 7), (1, 5), (16, 1)]
@@ -140,30 +142,6 @@ def test_local_kernels_and_resident_dtypes(C, P, kernel, kv_dtype):
 def test_fewer_tokens_than_ranks():
     record = check_step(2, 8, 2e-6, S=5)
     assert sum(r.tokens for r in record.ranks) == 5 and record.tokens["min"] == 0
-
-
-def spec_schedule(rank, C, P, cols=4):
-    """This rank's (op, dir, tensor) messages, straight from SPEC.md's chain rules."""
-    cube, pe = divmod(rank, P)
-    row, col = divmod(pe, cols)
-    rows = -(-P // cols)
-    row_len = min(cols, P - row * cols)
-    hops = []
-    if col < row_len - 1:
-        hops.append(("recv", "intra_E"))
-    if col > 0:
-        hops.append(("send", "intra_W"))
-    if col == 0:
-        if row < rows - 1:
-            hops.append(("recv", "intra_S"))
-        if row > 0:
-            hops.append(("send", "intra_N"))
-    if pe == 0:
-        if cube < C - 1:
-            hops.append(("recv", "E"))
-        if cube > 0:
-            hops.append(("send", "W"))
-    return [(op, d, t) for op, d in hops for t in "mlO"]
 
 
 def critical_path(events_by_rank):

@@ -98,18 +98,18 @@ def test_pass_rule_is_tied_to_the_float32_control():
     ref = attention_reference(q, k, v, h_kv=1, scale=1.0)
     control = attention_reference(q, k, v, h_kv=1, scale=1.0, dtype=np.float32)
     out, _ = distributed(q[None], k[None], v[None], h_kv=1, n_ranks=16, tile=64, scale=1.0)
-    assert not compare(out[0], ref, 1e-4)["passed"]             # the old fixed rule
+    assert not compare(out[0], ref, 1e-4).passed             # the old fixed rule
     verdict = compare(out[0], ref, 1e-4, control)
-    assert verdict["passed"] and verdict["control_rel_err"] > 1e-4
+    assert verdict.passed and verdict.control_rel_err > 1e-4
     # ... but an output that is off by much more than float32 can explain still fails
-    assert not compare(out[0] + 0.05 * np.abs(ref).max(), ref, 1e-4, control)["passed"]
+    assert not compare(out[0] + 0.05 * np.abs(ref).max(), ref, 1e-4, control).passed
     # and the floor still holds on a well-conditioned problem
     rng = np.random.default_rng(4)
     q2, k2, v2 = (rng.standard_normal(s).astype(np.float32) for s in ((1, 32), (300, 32), (300, 32)))
     ref2 = attention_reference(q2, k2, v2, h_kv=1)
     ctl2 = attention_reference(q2, k2, v2, h_kv=1, dtype=np.float32)
     bad = attention_reference(q2, k2, v2, h_kv=1) + 1e-3 * np.abs(ref2).max()
-    assert not compare(bad, ref2, 1e-4, ctl2)["passed"]
+    assert not compare(bad, ref2, 1e-4, ctl2).passed
 
 
 def test_ill_conditioned_run_passes_through_the_cli(tmp_path, capsys):
@@ -122,6 +122,6 @@ def test_ill_conditioned_run_passes_through_the_cli(tmp_path, capsys):
 
 def test_nonfinite_never_passes_compare():
     ref = np.ones(4)
-    assert not compare(np.array([1, 1, np.nan, 1]), ref, 1.0)["passed"]
-    assert not compare(np.ones(4), np.array([1, np.nan, 1, 1]), 1.0, np.ones(4))["passed"]
-    assert compare(np.ones(4), ref, 0.0)["passed"]
+    assert not compare(np.array([1, 1, np.nan, 1]), ref, 1.0).passed
+    assert not compare(np.ones(4), np.array([1, np.nan, 1, 1]), 1.0, np.ones(4)).passed
+    assert compare(np.ones(4), ref, 0.0).passed

@@ -14,6 +14,8 @@ from gqa_mpi.core.attention import merge
 from gqa_mpi.tools.launcher import gqa_command
 from gqa_mpi.core.reference import attention_reference
 
+from gqa_mpi.app.record import RunRecord
+
 from util import distributed, launch, random_inputs, read_json, write_inputs
 
 # a seed no other test and no other concurrent test run uses: finds leftover processes
@@ -223,7 +225,7 @@ ARG_CASES = {  # run in-process on one rank
     "cubes do not divide": (["--cubes", 3], "does not divide"),
     "C x P != ranks": (["--cubes", 2, "--pes", 2], "but 1 are running"),
     "P beyond grid": (["--cubes", 1, "--pes", 2, "--grid", "1x1"], "does not fit the 1x1"),
-    "zero grid": (["--grid", "0x4"], "rows and columns must be positive"),
+    "zero grid": (["--grid", "0x4"], "--grid rows must be a positive integer"),
     "grid syntax": (["--grid", "2by4"], "ROWSxCOLS"),
     "negative seq-len": (["--seq-len", -5], "--seq-len must be a positive"),
     "zero heads": (["--heads-kv", 0], "--heads-kv must be a positive"),
@@ -233,7 +235,7 @@ ARG_CASES = {  # run in-process on one rank
     "negative scale": (["--softmax-scale", "-1"], "--softmax-scale must be a positive"),
     "nan scale": (["--softmax-scale", "nan"], "--softmax-scale must be a positive"),
     "unknown wire": (["--wire", "fp8"], "invalid choice"),
-    "mpi reduce, f16 wire": (["--reduce", "mpi", "--wire", "kernel"], "needs --reduce chain"),
+    "mpi reduce, f16 wire": (["--reduce", "mpi", "--wire", "kernel"], "carries only --wire packed"),
     "unknown flag": (["--frobnicate"], "unrecognized arguments"),
     "zero timeout": (["--timeout", 0], "--timeout must be a positive"),
     "split wrong length": (["--split", "1,2,3", "--seq-len", 6], "3 token counts for 1 ranks"),
@@ -435,7 +437,7 @@ def test_equal_scores_2_17_on_one_rank(tmp_path):
     bad = launch(2, args + ["--wire", "kernel", "--json", j])
     assert bad.returncode == 1
     assert "float16 wire overflowed" in bad.stdout and "output is invalid" in bad.stdout
-    assert read_json(j)["wire_loss"]["overflow"] > 0
+    assert RunRecord.load(j).overflow > 0
 
 
 # ---------------------------------------------------------------- determinism

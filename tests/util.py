@@ -73,3 +73,64 @@ def distributed(q, k, v, *, h_kv, n_ranks, tile, scale=None, causal=False, bound
     else:
         total = order(partials)
     return unfold_output(finalize(total), T_q), total
+
+
+def spec_schedule(rank, C, P, cols=4):
+    """This rank's (op, dir, tensor) messages, straight from SPEC.md's chain rules."""
+    cube, pe = divmod(rank, P)
+    row, col = divmod(pe, cols)
+    rows = -(-P // cols)
+    row_len = min(cols, P - row * cols)
+    hops = []
+    if col < row_len - 1:
+        hops.append(("recv", "intra_E"))
+    if col > 0:
+        hops.append(("send", "intra_W"))
+    if col == 0:
+        if row < rows - 1:
+            hops.append(("recv", "intra_S"))
+        if row > 0:
+            hops.append(("send", "intra_N"))
+    if pe == 0:
+        if cube < C - 1:
+            hops.append(("recv", "E"))
+        if cube > 0:
+            hops.append(("send", "W"))
+    return [(op, d, t) for op, d in hops for t in "mlO"]
+
+
+def spec_kernel_model(q, k, v, *, h_kv, n, tile):
+    """The kernel's output in float64, from SPEC.md's index rules alone (defects 2-5).
+
+    Independent of ``gqa_mpi.core.kernel_model``: every operand element is fetched by
+    its flat index. With ``S_local = S_kv // n`` (the tail dropped), tile ``t`` of rank
+    ``r`` covers ``ts = min(tile, S_local - t*tile)`` tokens starting at flat element
+    ``base = t*tile*d`` of the rank's row-major ``(S_local, h_kv*d)`` slice; K's
+    ``(d, ts)`` element ``(i, j)`` is flat element ``base + i*ts + j``, V's ``(ts, d)``
+    element ``(j, i)`` is ``base + j*d + i``, and Q's ``(G*T_q, d)`` element ``(a, i)`` is
+    flat element ``a*d + i`` of Q. float16 operands, no scale, one softmax over all the
+    scores; the ``(G*T_q, d)`` result lands at the start of a zeroed O.
+    """
+    f16 = lambda a: np.asarray(a, dtype=np.float16).astype(np.float64)  # noqa: E731
+    qf, kf, vf = (f16(a).ravel() for a in (q, k, v))
+    width = np.shape(k)[-1]
+    d = width // h_kv
+    rows = (np.size(q) // np.shape(q)[-1]) * (np.shape(q)[-1] // d // h_kv)  # G*T_q
+    S_local = np.shape(k)[0] // n
+    Q = qf[np.arange(rows)[:, None] * d + np.arange(d)[None, :]]
+    scores, values = [], []
+    for r in range(n):
+        first = r * S_local * width                  # flat start of the rank's slice
+        for t0 in range(0, S_local, tile):
+            ts = min(tile, S_local - t0)
+            base = first + t0 * d
+            K = kf[base + np.arange(d)[:, None] * ts + np.arange(ts)[None, :]]
+            V = vf[base + np.arange(ts)[:, None] * d + np.arange(d)[None, :]]
+            scores.append(Q @ K)
+            values.append(V)
+    s = np.concatenate(scores, axis=1)
+    w = np.exp(s - s.max(axis=1, keepdims=True))
+    o = (w / w.sum(axis=1, keepdims=True)) @ np.concatenate(values, axis=0)
+    out = np.zeros(np.size(q))
+    out[:o.size] = o.ravel()
+    return out.reshape(np.shape(q))

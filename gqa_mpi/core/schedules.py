@@ -63,8 +63,26 @@ class Schedule:
         raise NotImplementedError
 
     def depth(self, grid: Grid) -> Optional[int]:
-        """Message latencies on the critical path; None where MPI decides."""
-        return None
+        """Message latencies on the critical path to rank 0; None where MPI decides.
+
+        Worked out from the steps: a rank's partial is ready once every message it
+        receives has arrived, and a message arrives one latency after its sender's
+        partial is ready (messages wait in order, so receiving them costs nothing more).
+        """
+        steps = [self.steps(grid, r) for r in range(grid.size)]
+        if any(s.op == "reduce" for ss in steps for s in ss):
+            return None
+        ready: List[Optional[int]] = [None] * grid.size
+        stack = [0]
+        while stack:                       # depth-first, without Python's recursion limit
+            r = stack[-1]
+            waiting = [s.peer for s in steps[r] if s.op == "recv" and ready[s.peer] is None]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            stack.pop()
+            ready[r] = max((ready[s.peer] + 1 for s in steps[r] if s.op == "recv"), default=0)
+        return ready[0]
 
     def describe(self, grid: Grid) -> str:
         """One line for the report: the help, and the depth on this grid."""
@@ -105,15 +123,12 @@ class Chain(Schedule):
             steps.append(Step("send", "W", nb["W"]))
         return steps
 
-    def depth(self, grid: Grid) -> int:
-        return grid.chain_depth
-
 
 @SCHEDULES.register
 class Tree(Schedule):
     """In round ``k`` (``2**k`` apart) a rank whose lowest set bit is ``2**k`` sends its
     partial to ``rank - 2**k`` and is done; the others receive from ``rank + 2**k``
-    if it exists."""
+    if it exists. Depth ``ceil(log2 n)`` for a power of two, at most that otherwise."""
 
     name = "tree"
     help = "binomial tree over point-to-point messages"
@@ -128,9 +143,6 @@ class Tree(Schedule):
                 steps.append(Step("recv", "tree", rank + span))
             span *= 2
         return steps
-
-    def depth(self, grid: Grid) -> int:
-        return (grid.size - 1).bit_length()
 
 
 @SCHEDULES.register

@@ -83,7 +83,9 @@ class Wire:
 
     def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
         """The buffers of one hop, in send order, and what casting to them lost."""
-        bufs = [(name, np.ascontiguousarray(x, dtype=self.dtype)) for name, x in zip("mlO", p)]
+        with np.errstate(over="ignore"):          # overflow is counted, not warned about
+            bufs = [(name, np.ascontiguousarray(x, dtype=self.dtype))
+                    for name, x in zip("mlO", p)]
         if self.dtype == np.float32:
             return bufs, Loss()
         return bufs, cast_loss(p, Partial(*(b for _, b in bufs)))

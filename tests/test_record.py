@@ -1,0 +1,65 @@
+"""The typed run record and its strict JSON (no MPI)."""
+import json
+
+import pytest
+
+from gqa_mpi.app.config import Config
+from gqa_mpi.app.outputs import write_json
+from gqa_mpi.app.record import FORMAT, Comparison, RankStats, RunRecord
+
+
+def stats(rank, local, reduce, **kw):
+    base = dict(rank=rank, host=f"node{rank // 2}", place=f"cube 0 / PE {rank}", start=rank * 10,
+                stop=rank * 10 + 10, kernel="fused", timings=dict(
+                    inputs=0.5, local_attention=local, reduce=reduce, total=1.0),
+                messages=3, bytes=96, overflow=0, m_rounding=0.0, peak_rss_mib=100.0 + rank,
+                scores_nonfinite=False)
+    base.update(kw)
+    return RankStats(**base)
+
+
+def record(**kw):
+    ranks = [stats(0, 0.2, 0.05, messages=0, bytes=0, timings=dict(
+                 inputs=0.5, local_attention=0.2, reduce=0.05, finalize=0.01, total=1.0)),
+             stats(1, 0.3, 0.01), stats(2, 0.1, 0.02, overflow=2, m_rounding=0.01),
+             stats(3, 0.4, 0.0, scores_nonfinite=True)]
+    return RunRecord(config=Config(seq_len=40, wire="fp32").placed(4), ranks=ranks,
+                     isa="avx2", **kw)
+
+
+def test_summaries_are_computed_not_stored():
+    rec = record()
+    tm = rec.timings()
+    assert list(tm) == ["inputs", "local_attention", "reduce", "finalize", "step", "total"]
+    assert tm["local_attention"] == dict(min=0.1, median=0.25, max=0.4)
+    assert tm["step"]["max"] == pytest.approx(0.4) and tm["finalize"]["min"] == 0.0
+    assert (rec.messages, rec.bytes, rec.overflow, rec.m_rounding) == (9, 288, 2, 0.01)
+    assert rec.tokens == dict(min=10, max=10) and rec.hosts == ["node0", "node1"]
+    assert rec.scores_nonfinite_ranks == [3] and not rec.passed          # the overflow
+    assert "timings" not in json.dumps({k: v for k, v in rec.to_json().items()
+                                        if k != "ranks" and k != "units"})
+
+
+def test_json_round_trip_is_strict_and_says_its_units(tmp_path):
+    inf = Comparison(max_abs_err=float("inf"), max_rel_err=float("inf"), tolerance=1e-4,
+                     floor=1e-4, control_rel_err=None, finite=False, nonfinite=3,
+                     passed=False)
+    rec = record(check=inf, mpi_library="MPICH Version: 5", created="2026-12-03T09:00:00Z",
+                 written=dict(json="r.json"))
+    path = tmp_path / "r.json"
+    write_json(str(path), rec.to_json())
+    text = path.read_text()
+    assert "Infinity" not in text and "NaN" not in text
+    raw = json.loads(text)
+    assert raw["format"] == FORMAT and raw["units"]["timings"] == "s"
+    assert raw["version"] and raw["ranks"][1]["host"] == "node0"
+    back = RunRecord.load(str(path))
+    assert back == rec                                 # null read back as inf
+    assert back.config.layout.size == 4
+    # a dependent default is recorded as what ran
+    assert Config.from_json(Config(reduce="mpi").to_json()).wire == "packed"
+
+
+def test_a_record_of_another_format_is_refused():
+    with pytest.raises(ValueError, match="not a gqa_mpi.run"):
+        RunRecord.from_json(dict(format="something/1"))
