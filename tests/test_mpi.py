@@ -52,8 +52,7 @@ def test_neighbours_match_full_cartesian_grid(C, rows, cols):
     cube, row, col = cart.Get_coords(cart.rank)
     assert (topo.place.cube, topo.place.row, topo.place.col) == (cube, row, col)
     assert cart.Get_cart_rank([cube, row, col]) == comm.rank == cube * rows * cols + topo.place.pe
-    for c in (topo, ):
-        c.free()
+    topo.free()
     cart.Free()
     comm.Free()
 

@@ -2,13 +2,28 @@
 from __future__ import annotations
 
 import os
-from typing import List
+from typing import Dict, List
 
 from .results import medians, read_results, scaling
 
+SWEEP_FIELDS = {"tile": "tile", "wire": "wire", "reduce": "reduce_schedule", "grid": "grid"}
+
+
+def _stacked(ax, x, pts, top_label: str) -> None:
+    """The slowest local sweep, and what the step adds on top of it, as stacked bars."""
+    local = [p["local_attention"] * 1e3 for p in pts]
+    beyond = [max(p["step"] * 1e3 - lo, 0.0) for p, lo in zip(pts, local)]
+    ax.bar(x, local, label="local attention (slowest rank)")
+    ax.bar(x, beyond, bottom=local, label=top_label)
+    ax.legend(fontsize=8)
+
 
 def plot(csv_path: str, out_dir: str) -> List[str]:
-    """Draw the study's PNGs next to each other in ``out_dir``; return their paths."""
+    """Draw the study's PNGs next to each other in ``out_dir``; return their paths.
+
+    They are named after the CSV too (``strong2_time.png`` for ``strong2.csv``), so two
+    studies plotted into one folder both survive.
+    """
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -23,8 +38,18 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     written = []
     stem = os.path.splitext(os.path.basename(csv_path))[0]
 
-    def save(fig, name):
-        # named after the CSV too, so two studies plotted into one folder both survive
+    def figure(title: str, xlabel: str, ylabel: str, ranks=None):
+        fig, ax = plt.subplots(figsize=(6, 4.2))
+        if ranks is not None:                  # a line against ranks, log2 axis
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(ranks, [str(x) for x in ranks])
+            ax.grid(alpha=0.3)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=9)
+        return fig, ax
+
+    def save(fig, name: str) -> None:
         kind = name.split("_")[0]
         path = os.path.join(out_dir, name if stem == kind else f"{stem}_{name}")
         fig.tight_layout()
@@ -35,7 +60,8 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         written.append(path)
 
     for kind in ("strong", "weak"):
-        pts = sorted((p for p in points if p["study"] == kind), key=lambda p: p["ranks"])
+        pts: List[Dict] = sorted((p for p in points if p["study"] == kind),
+                                 key=lambda p: p["ranks"])
         if not pts:
             continue
         n = [p["ranks"] for p in pts]
@@ -44,73 +70,39 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
                  f"weak scaling: {pts[0]['tokens_per_rank']} tokens per rank")
         title += f", h_kv={pts[0]['heads_kv']}, d={pts[0]['head_dim']}"
 
-        fig, ax = plt.subplots(figsize=(6, 4.2))
+        fig, ax = figure(title, "MPI ranks (one PE each)",
+                         "step time, ms (local attention + reduction)", n)
         ax.plot(n, step, "o-", label="measured (median of max over ranks)")
         ideal = ([step[0] * n[0] / x for x in n] if kind == "strong" else [step[0]] * len(n))
         ax.plot(n, ideal, "--", color="gray", label="ideal")
-        ax.set_xscale("log", base=2)
         ax.set_yscale("log" if kind == "strong" else "linear")
-        ax.set_xticks(n, [str(x) for x in n])
-        ax.set_xlabel("MPI ranks (one PE each)")
-        ax.set_ylabel("step time, ms (local attention + reduction)")
-        ax.set_title(title, fontsize=9)
         ax.legend(fontsize=8)
-        ax.grid(alpha=0.3)
         save(fig, f"{kind}_time.png")
 
-        fig, ax = plt.subplots(figsize=(6, 4.2))
+        fig, ax = figure(title, "MPI ranks", "parallel efficiency", n)
         ax.plot(n, [p["efficiency"] for p in pts], "o-")
         ax.axhline(1.0, ls="--", color="gray")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(n, [str(x) for x in n])
         ax.set_ylim(0, max(1.15, 1.05 * max(p["efficiency"] for p in pts)))
-        ax.set_xlabel("MPI ranks")
-        ax.set_ylabel("parallel efficiency")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
         save(fig, f"{kind}_efficiency.png")
 
-        fig, ax = plt.subplots(figsize=(6, 4.2))
-        local = [p["local_attention"] * 1e3 for p in pts]
-        beyond = [max(p["step"] * 1e3 - lo, 0.0) for p, lo in zip(pts, local)]
-        x = range(len(n))
-        ax.bar(x, local, label="local attention (slowest rank)")
-        ax.bar(x, beyond, bottom=local,
-               label="reduction and waiting beyond it (step - slowest local)")
-        ax.set_xticks(list(x), [str(v) for v in n])
-        ax.set_xlabel("MPI ranks")
-        ax.set_ylabel("ms (median over repeats)")
-        ax.set_title(title + ": breakdown", fontsize=9)
-        ax.legend(fontsize=8)
+        fig, ax = figure(title + ": breakdown", "MPI ranks", "ms (median over repeats)")
+        _stacked(ax, range(len(n)), pts,
+                 "reduction and waiting beyond it (step - slowest local)")
+        ax.set_xticks(list(range(len(n))), [str(v) for v in n])
         save(fig, f"{kind}_breakdown.png")
 
-        fig, ax = plt.subplots(figsize=(6, 4.2))
+        fig, ax = figure(title, "MPI ranks", "KV tokens per second (millions)", n)
         ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(n, [str(v) for v in n])
-        ax.set_xlabel("MPI ranks")
-        ax.set_ylabel("KV tokens per second (millions)")
-        ax.set_title(title, fontsize=9)
-        ax.grid(alpha=0.3)
         save(fig, f"{kind}_throughput.png")
 
-    for kind, field in (("tile", "tile"), ("wire", "wire"), ("reduce", "reduce_schedule"),
-                        ("grid", "grid")):
+    for kind, field in SWEEP_FIELDS.items():
         pts = [p for p in points if p["study"] == kind]
         if not pts:
             continue
         if kind == "tile":                  # 256 before 1024, whatever order was asked
             pts.sort(key=lambda p: int(p["tile"]))
-        fig, ax = plt.subplots(figsize=(6, 4.2))
-        labels = [str(p[field]) for p in pts]
-        local = [p["local_attention"] * 1e3 for p in pts]
-        beyond = [max(p["step"] * 1e3 - lo, 0.0) for p, lo in zip(pts, local)]
-        ax.bar(labels, local, label="local attention (slowest rank)")
-        ax.bar(labels, beyond, bottom=local, label="reduction beyond it")
-        ax.set_xlabel(field)
-        ax.set_ylabel("ms (median of max over ranks)")
-        ax.set_title(f"{kind} sweep at {pts[0]['ranks']} ranks, S_kv = {pts[0]['seq_len']}",
-                     fontsize=9)
-        ax.legend(fontsize=8)
+        fig, ax = figure(f"{kind} sweep at {pts[0]['ranks']} ranks, S_kv = "
+                         f"{pts[0]['seq_len']}", field, "ms (median of max over ranks)")
+        _stacked(ax, [str(p[field]) for p in pts], pts, "reduction beyond it")
         save(fig, f"{kind}_sweep.png")
     return written
