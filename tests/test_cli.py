@@ -42,7 +42,7 @@ def test_default_run_reports_and_passes(tmp_path):
     assert RunRecord.from_json(rec.to_json()) == rec
 
 
-@pytest.mark.parametrize("C,P", [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4)])
+@pytest.mark.parametrize("C,P", [(1, 1), (1, 6), (3, 5)])   # every grid: tests/test_mpi.py
 def test_file_inputs_against_reference(tmp_path, C, P):
     rng = np.random.default_rng(C * 10 + P)
     S = 53 * C * P + 7                      # not a multiple of the rank count
