@@ -72,3 +72,38 @@ def test_compare_never_passes_nan_or_inf():
         c = compare(out, ref, 1.0)
         assert not c.passed and not c.finite and c.nonfinite == 1
     assert not compare(ref, ref * np.nan, 1.0).passed
+
+
+def test_bf16_rounds_to_nearest_even_and_keeps_the_range():
+    from gqa_mpi.core.wires import from_bf16, to_bf16
+    x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5, 3e38, 1e-40, 0.0],
+                 dtype=np.float32)
+    back = from_bf16(to_bf16(x))
+    assert back.tolist()[:4] == [1.0, 1.0, 1 + 2 ** -6, -2.5]       # ties go to even
+    assert np.isinf(from_bf16(to_bf16(np.array([3.4e38], np.float32))))[0]
+    assert back[4] == pytest.approx(3e38, rel=2 ** -8) and back[6] == 0.0
+    assert np.isnan(from_bf16(to_bf16(np.array([np.nan], np.float32))))[0]
+    rng = np.random.default_rng(0)
+    y = (rng.uniform(0.5, 2, 10000) * 10.0 ** rng.integers(-30, 30, 10000)).astype(np.float32)
+    rel = np.abs(from_bf16(to_bf16(y)).astype(np.float64) / y - 1)
+    assert rel.max() <= 2 ** -8                         # 8 significant bits
+
+
+@pytest.mark.parametrize("name,formats", [("bf16", ("float32", "float32", "bfloat16")),
+                                          ("fp16", ("float32", "float32", "float16")),
+                                          ("fp16-stats", ("float16",) * 3)])
+def test_narrow_wires_round_only_what_they_say(name, formats):
+    wire = WIRES.get(name)
+    assert wire.formats == formats and wire.lossy
+    p = partial([[[1.2345678]]], [[[70000.123]]], [[[[1.2345678, 1e5]]]])
+    bufs, loss = wire.encode(p)
+    back = wire.decode([(n, b.copy()) for n, b in bufs], p)
+    for got, sent, fmt in zip(back, p, formats):
+        if fmt == "float32":
+            np.testing.assert_array_equal(got, sent)
+        else:
+            assert not np.array_equal(got, sent)
+    assert loss.overflow == (2 if name == "fp16-stats" else 1 if name == "fp16" else 0)
+    assert (loss.m_rounding > 0) == (name == "fp16-stats")
+    assert WIRES.get("fp16-stats").name == "kernel" and "fp16-stats" in WIRES
+    assert "fp16-stats" not in WIRES.names() and "fp16-stats" in WIRES.names(aliases=True)

@@ -424,6 +424,6 @@ def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = 
             if get_origin(kind) is Literal:
                 kw["choices"] = list(get_args(kind))
             elif registry is not None:
-                kw["choices"] = registry.names()
+                kw["choices"] = registry.names(aliases=True)
             kw["type"] = f.metadata.get("parse") or (kind if kind in (int, float) else str)
         sections[group].add_argument("--" + f.name.replace("_", "-"), **kw)

@@ -4,8 +4,6 @@ No MPI here, and nothing computed that the record does not hold.
 """
 from __future__ import annotations
 
-import numpy as np
-
 from .check import CONTROL_FACTOR
 from .record import RunRecord
 from .sizing import fmt
@@ -71,7 +69,7 @@ def format_report(record: RunRecord) -> str:
         lines.append(f"numerics  O holds {record.output_nonfinite} NaN or inf element(s)"
                      f"{why}; the output is invalid")
     if record.overflow:
-        lines.append(f"WARNING   {np.dtype(wire.dtype).name} wire overflowed (--wire "
+        lines.append(f"WARNING   {wire.narrowest} wire overflowed (--wire "
                      f"{wire.name}): {record.overflow} element(s) of m/l/O became inf on "
                      f"the way to the root; the output is invalid")
     elif wire.lossy:

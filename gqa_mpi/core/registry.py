@@ -16,6 +16,7 @@ class Registry(Generic[T]):
     def __init__(self, flag: str):
         self.flag = flag
         self._items: Dict[str, T] = {}
+        self._aliases: Dict[str, str] = {}
 
     def register(self, cls):
         """Class decorator: register one instance of ``cls`` under ``cls.name``."""
@@ -25,22 +26,27 @@ class Registry(Generic[T]):
         self._items[obj.name] = obj
         return cls
 
+    def alias(self, name: str, target: str) -> None:
+        """Accept ``name`` for the entry ``target`` (reports show the entry's name)."""
+        self._aliases[name] = target
+
     def unregister(self, name: str) -> None:
         self._items.pop(name, None)
 
-    def names(self) -> List[str]:
-        return list(self._items)
+    def names(self, aliases: bool = False) -> List[str]:
+        """The entries' names, in registration order (and the aliases, if asked)."""
+        return list(self._items) + (list(self._aliases) if aliases else [])
 
     def get(self, name: str) -> T:
         """The entry called ``name``; ValueError naming the choices otherwise."""
         try:
-            return self._items[name]
+            return self._items[self._aliases.get(name, name)]
         except (KeyError, TypeError):
             raise ValueError(f"{self.flag} must be one of {', '.join(self._items)}, "
                              f"got {name!r}") from None
 
     def __contains__(self, name) -> bool:
-        return name in self._items
+        return name in self._items or name in self._aliases
 
     def __iter__(self):
         return iter(self._items.values())

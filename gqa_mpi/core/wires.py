@@ -1,12 +1,15 @@
 """What one hop of the reduction carries, and what the carrying loses. No MPI here.
 
-=========  ==========================================  =========================
-wire       messages per hop                            note
-=========  ==========================================  =========================
-fp32       ``m``, ``l``, ``O``, float32                 default; exact for any S_kv
-kernel     ``m``, ``l``, ``O``, float16                 the kernel's own wire
-packed     ``mlO``: m, l and O in one float32 buffer    fewest latencies
-=========  ==========================================  =========================
+==========  ==========================================  ===========================
+wire        messages per hop                            note
+==========  ==========================================  ===========================
+fp32        ``m``, ``l``, ``O``, float32                 default; exact for any S_kv
+kernel      ``m``, ``l``, ``O``, float16                 the kernel's own wire (alias
+                                                        ``fp16-stats``)
+packed      ``mlO``: m, l and O in one float32 buffer    fewest latencies
+bf16        ``m``, ``l`` float32, ``O`` bfloat16          as Helix sends
+fp16        ``m``, ``l`` float32, ``O`` float16           the kernel's O, exact stats
+==========  ==========================================  ===========================
 
 float16 tops out at 65504: ``l`` alone exceeds it once a partial has seen more than
 65504 keys of equal score. :meth:`Wire.encode` counts such losses instead of letting
@@ -52,8 +55,9 @@ def unpack(flat: np.ndarray, like: Partial) -> Partial:
 
 
 def as_message(buf: np.ndarray):
-    """``buf`` as MPI sees it: float16 travels as its 16-bit patterns (``uint16``),
-    because MPI has no standard float16 datatype (Open MPI 4 refuses one)."""
+    """``buf`` as MPI sees it: float16 travels as its 16-bit patterns (``uint16``, as
+    bfloat16 always does), because MPI has no standard float16 datatype (Open MPI 4
+    refuses one)."""
     return buf.view(np.uint16) if buf.dtype == np.float16 else buf
 
 
@@ -67,36 +71,72 @@ def cast_loss(p: Partial, sent: Partial) -> Loss:
     return Loss(overflow, rounding)
 
 
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns (``uint16``), rounded to nearest even; NaN stays
+    NaN and a value past bfloat16's largest becomes inf, as a cast would."""
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    u = x.view(np.uint32)
+    out = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))
+           >> np.uint32(16)).astype(np.uint16)
+    out[np.isnan(x)] = 0x7FC0
+    return out
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """bfloat16 bit patterns (``uint16``) -> float32, exactly."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
+FORMATS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+"""How a tensor travels: the buffer dtype of each format (bfloat16 as its bits)."""
+
+
+def _cast(x: np.ndarray, fmt: str) -> np.ndarray:
+    if fmt == "bfloat16":
+        return to_bf16(x)
+    with np.errstate(over="ignore"):              # overflow is counted, not warned about
+        return np.ascontiguousarray(x, dtype=FORMATS[fmt])
+
+
+def _uncast(buf: np.ndarray, fmt: str) -> np.ndarray:
+    return from_bf16(buf) if fmt == "bfloat16" else buf.astype(np.float32)
+
+
 class Wire:
-    """A hop format: ``m``, ``l``, ``O`` as three messages of ``dtype``."""
+    """A hop format: ``m``, ``l``, ``O`` as three messages, each in its ``formats``
+    entry (``float32``, ``float16`` or ``bfloat16``)."""
 
     name = ""
     help = ""
     tolerance = 1e-4
     """Largest accepted normwise error of the check (before m rounding)."""
-    dtype = np.float32
+    formats = ("float32", "float32", "float32")
 
     @property
     def lossy(self) -> bool:
         """Whether a hop rounds what it carries (anything narrower than float32)."""
-        return np.dtype(self.dtype).itemsize < 4
+        return any(f != "float32" for f in self.formats)
+
+    @property
+    def narrowest(self) -> str:
+        """The narrowest format it sends, for the report: 'float16', 'bfloat16', ..."""
+        return next((f for f in self.formats if f != "float32"), "float32")
 
     def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
         """The buffers of one hop, in send order, and what casting to them lost."""
-        with np.errstate(over="ignore"):          # overflow is counted, not warned about
-            bufs = [(name, np.ascontiguousarray(x, dtype=self.dtype))
-                    for name, x in zip("mlO", p)]
-        if self.dtype == np.float32:
+        bufs = [(name, _cast(x, fmt)) for name, x, fmt in zip("mlO", p, self.formats)]
+        if not self.lossy:
             return bufs, Loss()
-        return bufs, cast_loss(p, Partial(*(b for _, b in bufs)))
+        return bufs, cast_loss(p, self.decode(bufs, p))
 
     def buffers(self, like: Partial) -> Buffers:
         """Empty buffers for one incoming hop, shaped like ``like``."""
-        return [(name, np.empty(x.shape, dtype=self.dtype)) for name, x in zip("mlO", like)]
+        return [(name, np.empty(x.shape, dtype=FORMATS[fmt]))
+                for name, x, fmt in zip("mlO", like, self.formats)]
 
     def decode(self, bufs: Buffers, like: Partial) -> Partial:
         """The float32 partial held by ``bufs`` (the inverse of :meth:`encode`)."""
-        return Partial(*(b.astype(np.float32) for _, b in bufs))
+        return Partial(*(_uncast(b, fmt) for (_, b), fmt in zip(bufs, self.formats)))
 
 
 WIRES: Registry[Wire] = Registry("--wire")
@@ -114,10 +154,13 @@ class Kernel(Wire):
     wire rounds l and O to 11 bits, hence 1e-2."""
 
     name = "kernel"
-    help = ("the same in float16, as the kernel sends (overflow is detected and "
-            "reported)")
+    help = ("m, l and O all in float16, as the kernel sends (overflow is detected and "
+            "reported; also called fp16-stats)")
     tolerance = 1e-2
-    dtype = np.float16
+    formats = ("float16", "float16", "float16")
+
+
+WIRES.alias("fp16-stats", "kernel")
 
 
 @WIRES.register
@@ -133,3 +176,24 @@ class Packed(Wire):
 
     def decode(self, bufs: Buffers, like: Partial) -> Partial:
         return unpack(bufs[0][1], like)
+
+
+@WIRES.register
+class Bf16(Wire):
+    """bfloat16 keeps float32's range (no overflow where float16 overflows) with 8
+    significant bits: each hop may move O by 2**-8 of its size."""
+
+    name = "bf16"
+    help = "O in bfloat16, m and l in float32, as Helix sends"
+    tolerance = 2e-2
+    formats = ("float32", "float32", "bfloat16")
+
+
+@WIRES.register
+class Fp16(Wire):
+    """O alone in float16: what the kernel's wire costs without rounding m and l."""
+
+    name = "fp16"
+    help = "O in float16, m and l in float32"
+    tolerance = 1e-2
+    formats = ("float32", "float32", "float16")
