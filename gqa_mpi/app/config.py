@@ -199,7 +199,7 @@ class Config:
                                  f"{', '.join(choices)}, got {getattr(self, name)!r}")
         if self.wire is not None:
             WIRES.get(self.wire)
-        self.schedule.check_wire(self.wire_format.name)
+        self.schedule.check_wire(self.wire_format, self.wire)
         if self.split is not None and (min(self.split, default=0) < 0
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "

@@ -24,21 +24,28 @@ For 2 cubes of 2x4 PEs the partial of rank 15 reaches rank 0 in 5 hops::
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, NamedTuple, Optional, Tuple
+from typing import List, NamedTuple, Optional
 
 from .grid import Grid
 from .registry import Registry
-from .wires import Loss
+from .wires import WIRES, Loss, Wire
 
 
 class Step(NamedTuple):
-    """One action of one rank: ``op`` is 'recv', 'send' or 'reduce'; ``dir`` names the
-    link (a SPEC direction, 'tree', ...); ``peer`` is the other rank (the root for
-    'reduce')."""
+    """One action of one rank: ``op`` is 'recv', 'send' or a collective over all ranks
+    (:data:`COLLECTIVES`); ``dir`` names the link (a SPEC direction, 'tree', ...);
+    ``peer`` is the other rank (the root for a collective)."""
 
     op: str
     dir: str
     peer: int
+
+
+COLLECTIVES = ("reduce", "allgather", "alltoall")
+"""Collective steps: ``reduce``, one MPI.Reduce of the packed partial with the merge
+as its operator; ``allgather``, an all-gather of (m, l), each rank rescaling its own
+O, then an MPI.Reduce(SUM) of O; ``alltoall``, the rows (heads) of the partial split
+over the ranks, one all-to-all, each rank merging its rows, then a gather."""
 
 
 @dataclass
@@ -55,9 +62,14 @@ class Schedule:
 
     name = ""
     help = ""
-    wires: Optional[Tuple[str, ...]] = None
-    """The wires it can carry; None for any point-to-point wire."""
     default_wire = "fp32"
+    chunks = 0
+    """With ``chunks``, O travels in that many pieces so that hops overlap (the
+    executor pipelines any schedule whose ranks send once, last)."""
+
+    def accepts(self, wire: Wire) -> bool:
+        """Whether it can carry ``wire`` (any wire, unless a subclass says otherwise)."""
+        return True
 
     def steps(self, grid: Grid, rank: int) -> List[Step]:
         raise NotImplementedError
@@ -70,7 +82,7 @@ class Schedule:
         partial is ready (messages wait in order, so receiving them costs nothing more).
         """
         steps = [self.steps(grid, r) for r in range(grid.size)]
-        if any(s.op == "reduce" for ss in steps for s in ss):
+        if any(s.op in COLLECTIVES for ss in steps for s in ss):
             return None
         ready: List[Optional[int]] = [None] * grid.size
         stack = [0]
@@ -90,11 +102,13 @@ class Schedule:
         hops = "MPI picks the pattern" if depth is None else f"{depth} hops on the critical path"
         return f"{self.name} ({self.help}), {hops}"
 
-    def check_wire(self, wire: str) -> None:
-        if self.wires is not None and wire not in self.wires:
-            raise ValueError(f"--reduce {self.name} carries only --wire "
-                             f"{' or '.join(self.wires)}, not {wire!r} (leave --wire out "
-                             f"for {self.default_wire})")
+    def check_wire(self, wire: Wire, asked: Optional[str] = None) -> None:
+        """Raise ValueError if it cannot carry ``wire`` (``asked``: the name given)."""
+        if not self.accepts(wire):
+            ok = [w.name for w in WIRES if self.accepts(w)]
+            raise ValueError(f"--reduce {self.name} carries only --wire {' or '.join(ok)}, "
+                             f"not {asked or wire.name!r} (leave --wire out for "
+                             f"{self.default_wire})")
 
 
 SCHEDULES: Registry[Schedule] = Registry("--reduce")
@@ -145,12 +159,61 @@ class Tree(Schedule):
         return steps
 
 
-@SCHEDULES.register
-class MpiReduce(Schedule):
-    name = "mpi"
-    help = "MPI.Reduce of one packed buffer, the merge as a user-defined operator"
-    wires = ("packed",)
-    default_wire = "packed"
+class Collective(Schedule):
+    """One collective step over all ranks (none on one rank)."""
+
+    op = ""
 
     def steps(self, grid: Grid, rank: int) -> List[Step]:
-        return [Step("reduce", "all", 0)] if grid.size > 1 else []
+        return [Step(self.op, "all", 0)] if grid.size > 1 else []
+
+
+@SCHEDULES.register
+class MpiReduce(Collective):
+    name = "mpi"
+    help = "MPI.Reduce of one packed buffer, the merge as a user-defined operator"
+    op = "reduce"
+    default_wire = "packed"
+
+    def accepts(self, wire: Wire) -> bool:
+        return wire.name == "packed"
+
+
+@SCHEDULES.register
+class AllGather(Collective):
+    """vLLM's decode context parallelism: every rank learns every (m, l), so each can
+    put its own O on the common scale exp(m_r - max m); the sum of those is the total."""
+
+    name = "allgather"
+    help = "all-gather of (m, l), O rescaled locally, MPI.Reduce(SUM) of O, as vLLM"
+    op = "allgather"
+
+    def accepts(self, wire: Wire) -> bool:
+        return wire.name == "fp32"            # MPI sums float32; a narrower O cannot add
+
+
+@SCHEDULES.register
+class AllToAll(Collective):
+    """TensorRT-LLM Helix: the partial's rows (query heads) are split over the ranks;
+    one all-to-all gives each rank every rank's partial of its rows, which it merges,
+    and a gather brings the merged rows to rank 0."""
+
+    name = "alltoall"
+    help = "heads split over ranks: one all-to-all, each rank merges its heads, a gather, as Helix"
+    op = "alltoall"
+
+    def accepts(self, wire: Wire) -> bool:
+        return wire.name != "packed"
+
+
+@SCHEDULES.register
+class PipelinedChain(Chain):
+    """The kernel's chain with O cut into pieces: a rank forwards piece c while its
+    neighbour is still receiving piece c+1, so the hops overlap."""
+
+    name = "pipelined-chain"
+    help = "the kernel's chain with O sent in 4 pieces so that hops overlap"
+    chunks = 4
+
+    def accepts(self, wire: Wire) -> bool:
+        return wire.name != "packed"

@@ -122,21 +122,32 @@ class Wire:
         """The narrowest format it sends, for the report: 'float16', 'bfloat16', ..."""
         return next((f for f in self.formats if f != "float32"), "float32")
 
+    def cast(self, index: int, x: np.ndarray) -> np.ndarray:
+        """Tensor ``index`` (0 ``m``, 1 ``l``, 2 ``O``) as it travels."""
+        return _cast(x, self.formats[index])
+
+    def uncast(self, index: int, buf: np.ndarray) -> np.ndarray:
+        """The float32 values a buffer of tensor ``index`` holds."""
+        return _uncast(buf, self.formats[index])
+
+    def empty(self, index: int, shape) -> np.ndarray:
+        """A receive buffer for tensor ``index``."""
+        return np.empty(shape, dtype=FORMATS[self.formats[index]])
+
     def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
         """The buffers of one hop, in send order, and what casting to them lost."""
-        bufs = [(name, _cast(x, fmt)) for name, x, fmt in zip("mlO", p, self.formats)]
+        bufs = [(name, self.cast(i, x)) for i, (name, x) in enumerate(zip("mlO", p))]
         if not self.lossy:
             return bufs, Loss()
         return bufs, cast_loss(p, self.decode(bufs, p))
 
     def buffers(self, like: Partial) -> Buffers:
         """Empty buffers for one incoming hop, shaped like ``like``."""
-        return [(name, np.empty(x.shape, dtype=FORMATS[fmt]))
-                for name, x, fmt in zip("mlO", like, self.formats)]
+        return [(name, self.empty(i, x.shape)) for i, (name, x) in enumerate(zip("mlO", like))]
 
     def decode(self, bufs: Buffers, like: Partial) -> Partial:
         """The float32 partial held by ``bufs`` (the inverse of :meth:`encode`)."""
-        return Partial(*(_uncast(b, fmt) for (_, b), fmt in zip(bufs, self.formats)))
+        return Partial(*(self.uncast(i, b) for i, (_, b) in enumerate(bufs)))
 
 
 WIRES: Registry[Wire] = Registry("--wire")

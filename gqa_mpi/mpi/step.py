@@ -69,13 +69,13 @@ def operands(cfg, kernel, q: np.ndarray, k_rows, v_rows):
     return q, k, v
 
 
-def warm_up(comm, steps, wire) -> None:
+def warm_up(comm, cfg) -> None:
     """Send one tiny partial along the reduction's own path, untimed.
 
     MPI libraries set up a connection on the first message between two ranks; a
     decode step of a running model finds them set up, so the timed step should too.
     """
-    execute(comm, empty_partial(1, 1, 1, 1), steps, wire)
+    execute(comm, empty_partial(1, 1, 1, 1), cfg.schedule, cfg.layout, cfg.wire_format)
 
 
 def decode_step(cfg, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> StepResult:
@@ -89,11 +89,10 @@ def decode_step(cfg, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> StepRe
     rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
     kernel, note = select(cfg.kernel)
     result = StepResult(None, start, stop, rec, kernel=kernel.name, kernel_note=note)
-    steps = cfg.schedule.steps(cfg.layout, topo.rank)
     wire = cfg.wire_format
     watchdog.phase("warm-up")
     with watchdog.waiting("a neighbour (warm-up)"):
-        warm_up(comm, steps, wire)
+        warm_up(comm, cfg)
     watchdog.rendezvous(comm, "the start of the step")
     rec.start()  # a common origin for every rank's clock
 
@@ -116,7 +115,7 @@ def decode_step(cfg, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> StepRe
     with rec.phase("reduce", wire=wire.name, schedule=cfg.reduce):
         watchdog.phase("reduce")
         inject("reduce", topo.rank)
-        partial, result.traffic = execute(comm, partial, steps, wire, rec)
+        partial, result.traffic = execute(comm, partial, cfg.schedule, cfg.layout, wire, rec)
 
     if topo.is_root:
         with rec.phase("finalize"):
