@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import traceback
 from typing import List, Optional
@@ -198,13 +199,14 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_USAGE
     except SystemExit:
         raise
-    except Interrupted as e:  # SIGTERM/SIGINT while writing: the write cleaned up
-        sys.stderr.write(f"gqa_mpi: rank {comm.rank}: interrupted by {e} while writing an "
-                         f"output; no partial file was left\n")
+    except (Interrupted, KeyboardInterrupt) as e:  # SIGTERM/SIGINT; a write cleans up
+        signum = getattr(e, "signum", signal.SIGINT)
+        sys.stderr.write(f"gqa_mpi: rank {comm.rank}: interrupted by "
+                         f"{signal.Signals(signum).name}; no partial output file was left\n")
         sys.stderr.flush()
         if comm.size > 1:
-            comm.Abort(128 + e.signum)
-        return 128 + e.signum
+            comm.Abort(128 + signum)
+        return 128 + signum
     except BaseException:
         abort(comm)
     finally:

@@ -28,6 +28,8 @@ from .sizing import fmt
 
 TEMP_PREFIX, TEMP_SUFFIX = ".gqa_mpi-", ".tmp"
 """Temporary names are short and fixed in length, whatever the target's name."""
+PROBE_PREFIX = ".gqa_mpi_probe-"
+"""The empty file that proves a directory writable (removed at once)."""
 
 
 class Interrupted(Exception):
@@ -85,7 +87,7 @@ def check_paths(outputs: Dict[str, Optional[str]], inputs: Iterable[str] = (),
         if len(os.fsencode(name)) > limit:
             return f"{where}: file name longer than {limit} bytes"
         try:  # access() says yes to root even on a read-only file system: really try
-            fd, probe = tempfile.mkstemp(dir=directory, prefix=TEMP_PREFIX, suffix=TEMP_SUFFIX)
+            fd, probe = tempfile.mkstemp(dir=directory, prefix=PROBE_PREFIX, suffix=TEMP_SUFFIX)
             os.close(fd)
             os.unlink(probe)
         except OSError as e:
