@@ -5,6 +5,7 @@ from typing import Optional, Tuple
 
 import numpy as np
 
+from ..core import inputs
 from ..core.inputs import load_rows
 from ..core.kernel_model import kernel_reference
 from ..core.reference import attention_reference
@@ -62,16 +63,29 @@ def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
                       passed=bool(finite and max_rel <= threshold))
 
 
-def check_output(cfg, output: np.ndarray, m_rounding: float
+def step_queries(cfg, step: int) -> np.ndarray:
+    """Q ``(B, T_q, h_q*d)`` of decode step ``step``: rows ``step*T_q ..`` of a generated
+    query stream (step 0's are the one-step run's)."""
+    return inputs.generate(cfg.seed, "q", cfg.B, cfg.steps * cfg.queries,
+                           cfg.heads_q * cfg.head_dim, step * cfg.queries,
+                           (step + 1) * cfg.queries)
+
+
+def check_output(cfg, output: np.ndarray, m_rounding: float, step: int = 0
                  ) -> Tuple[Comparison, Optional[Comparison]]:
-    """``(check, vs_exact)`` of the root's output against float64 references.
+    """``(check, vs_exact)`` of the root's output of decode step ``step`` against
+    float64 references over the cache as it stood (its first ``cfg.cache_len(step)``
+    tokens, with that step's queries).
 
     The default path is checked against exact attention. A kernel-faithful run is
     checked against a float64 model of the kernel, and ``vs_exact`` says how far the
     kernel's arithmetic lands from exact attention on the same inputs.
     """
-    q, k, v = load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.seq_len,
-                        cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
+    q, k, v = load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
+                        cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim,
+                        0, cfg.cache_len(step))
+    if step:
+        q = step_queries(cfg, step)
     # drawn (or read) once for the reference and the control; float16 when the ranks
     # hold K and V in float16, so that the reference sees the same values
     held = np.float16 if cfg.kv_dtype == "float16" and not cfg.kernel_faithful else None

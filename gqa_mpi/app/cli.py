@@ -155,7 +155,8 @@ def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
     host's available memory.
     """
     start, stop = cfg.tokens(comm.rank)
-    mine = sizing.rank_bytes(cfg, stop - start, comm.rank == 0)
+    held = stop - start + cfg.appended(comm.rank, cfg.steps - 1)   # the cache grows
+    mine = sizing.rank_bytes(cfg, held, comm.rank == 0)
     watchdog.rendezvous(comm, "the memory estimate")
     return _memory_verdict(comm, cfg, cfg.max_memory, mine)
 

@@ -88,6 +88,10 @@ class Config:
                                            parse=_counts, shown="balanced, the first "
                                            "S_kv % n ranks take one more")
     """tokens held by each rank, in rank order, adding up to S_kv"""
+    placement: str = opt("contiguous", "layout", metavar="POLICY")
+    """with --steps: which rank takes each new token i of the cache: contiguous (the
+    last rank, as Tree Attention), round-robin (rank i mod n, as vLLM's interleave) or
+    blocks:B (rank (i // B) mod n, as Helix)"""
 
     # ---- problem
     seq_len: int = opt(32768, "problem", metavar="S_KV")
@@ -99,7 +103,10 @@ class Config:
     head_dim: int = opt(128, "problem", metavar="D")
     """d, the dimension of one head"""
     queries: int = opt(1, "problem", metavar="T_Q")
-    """T_q, query tokens of this decode step"""
+    """T_q, query tokens of each decode step"""
+    steps: int = opt(1, "problem", metavar="N")
+    """decode steps; after each, T_q new tokens of K and V (generated from the seed,
+    independent of the rank count) are appended to the cache by --placement"""
     batch: Optional[int] = opt(None, "problem", metavar="B", shown="one sequence, no "
                                "batch axis")
     """B, independent sequences; given, Q and O carry a batch axis (B, T_q, h_q*d)"""
@@ -150,6 +157,9 @@ class Config:
     """with --trace: one event per tile of the local sweep too"""
     check: bool = opt(True, "outputs")
     """check O against a float64 reference on rank 0, which then holds all of K and V"""
+    check_every: int = opt(1, "outputs", metavar="K")
+    """with --steps: check every K-th step against the cache as it stands (the last
+    step is always checked)"""
     quiet: bool = opt(False, "outputs")
     """print nothing but errors"""
     max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=_size,
@@ -171,7 +181,8 @@ class Config:
         rows, cols = self.grid
         positive("grid rows", rows)
         positive("grid columns", cols)
-        for name in ("seq_len", "heads_q", "heads_kv", "head_dim", "queries", "tile"):
+        for name in ("seq_len", "heads_q", "heads_kv", "head_dim", "queries", "tile", "steps",
+                     "check_every"):
             positive(name, getattr(self, name))
         for name in ("cubes", "pes", "batch", "max_memory"):
             positive(name, getattr(self, name), optional=True)
@@ -204,6 +215,14 @@ class Config:
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
                              f"{self.seq_len}; they add up to {sum(self.split)}")
+        self.block          # the placement parses
+        if self.steps > 1 and self.inputs is not None:
+            raise ValueError("--steps generates the tokens it appends; it cannot follow "
+                             "--inputs files (run one step on them, or drop --inputs)")
+        if self.steps > 1 and self.causal and self.placement != "contiguous":
+            raise ValueError(f"--causal masks the newest keys, which --placement "
+                             f"{self.placement} spreads over the ranks; use --placement "
+                             f"contiguous with --causal")
         if self.is_placed:
             if self.split is not None and len(self.split) != self.n_ranks:
                 raise ValueError(f"--split gives {len(self.split)} token counts for "
@@ -227,6 +246,8 @@ class Config:
         if self.softmax_scale is not None:
             raise ValueError(f"{flag}: the kernel applies no softmax scale "
                              f"(it uses plain tl.dot); drop --softmax-scale")
+        if self.steps > 1:
+            raise ValueError(f"{flag}: the kernel runs one decode step; drop --steps")
         if not self.is_placed:
             return
         if self.pes > cols and self.pes % cols:
@@ -304,6 +325,43 @@ class Config:
     def tokens(self, rank: int) -> Tuple[int, int]:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""
         return rank_tokens(self.seq_len, self.n_ranks, rank, self.split, self.kernel_faithful)
+
+    @property
+    def block(self) -> Optional[int]:
+        """Tokens per block of the placement: None for contiguous, 1 for round-robin."""
+        if self.placement == "contiguous":
+            return None
+        if self.placement == "round-robin":
+            return 1
+        head, _, size = self.placement.partition(":")
+        if head == "blocks" and size.isdigit() and int(size) > 0:
+            return int(size)
+        raise ValueError(f"--placement must be contiguous, round-robin or blocks:B with B "
+                         f"a positive number of tokens, got {self.placement!r}")
+
+    def owner(self, token: int) -> int:
+        """The rank that takes new token ``token`` (a global index) of the cache."""
+        block = self.block
+        return self.n_ranks - 1 if block is None else token // block % self.n_ranks
+
+    def cache_len(self, step: int) -> int:
+        """Tokens in the cache that step ``step`` (from 0) attends to."""
+        return self.seq_len + step * self.queries
+
+    @property
+    def final_len(self) -> int:
+        """Tokens in the cache after the last step's append."""
+        return self.cache_len(self.steps)
+
+    def appended(self, rank: int, steps: Optional[int] = None) -> int:
+        """New tokens ``rank`` takes in the appends after the first ``steps`` steps."""
+        steps = self.steps if steps is None else steps
+        return sum(self.owner(t) == rank for t in range(self.seq_len, self.cache_len(steps)))
+
+    def checked(self, step: int) -> bool:
+        """Whether step ``step`` is checked (every ``check_every``-th, and the last)."""
+        return self.check and (step % self.check_every == self.check_every - 1
+                               or step == self.steps - 1)
 
     # ---- serialisation
     def to_json(self) -> Dict:

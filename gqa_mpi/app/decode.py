@@ -31,7 +31,7 @@ from ..core.kernels import isa
 from ..core.partition import token_range
 from ..core.trace import chrome_trace
 from ..mpi import watchdog
-from ..mpi.step import decode_step
+from ..mpi.step import Rank
 from ..mpi.topology import Topology
 from .config import Config
 from .record import RankStats, RunRecord
@@ -138,38 +138,46 @@ def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm]
     except ValueError as e:
         error = str(e)
     _agree(comm, error)
+    if cfg.steps != 1:
+        _agree(comm, "decode() runs one step; the decode loop (steps) is the command "
+                     "line's: python -m gqa_mpi --steps N")
     q3 = q if q.ndim == 3 else q[None]
     topo = Topology(comm, cfg.layout)
     try:
-        return _run(cfg, topo, q3, k, v)
+        rank = Rank.load(cfg, topo, q3, k, v)
+        output = rank.step(0).output
+        nonfinite = 0 if output is None else int(np.count_nonzero(~np.isfinite(output)))
+        return Decoded(output, *gather_record(cfg, topo, rank, nonfinite))
     finally:
         topo.free()
 
 
-def _run(cfg: Config, topo: Topology, q, k, v) -> Decoded:
-    result = decode_step(cfg, topo, q, k, v)
-    traffic = result.traffic
+def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int):
+    """``(record, trace)``: every rank's statistics on rank 0 as a :class:`RunRecord`,
+    then the record on every rank; the trace document on rank 0 when asked for.
+    ``output_nonfinite``: the NaN and inf elements of the root's outputs."""
+    rank.finish()
+    traffic = rank.traffic
+    start, stop = cfg.tokens(topo.rank)
     mine = RankStats(rank=topo.rank, host=MPI.Get_processor_name(),
-                     place=topo.place.describe(), start=result.start, stop=result.stop,
-                     kernel=result.kernel, timings=result.recorder.timings,
+                     place=topo.place.describe(), start=start, stop=stop,
+                     kernel=rank.kernel.name, timings=rank.recorder.timings,
                      messages=traffic.messages, bytes=traffic.bytes,
                      overflow=traffic.loss.overflow, m_rounding=traffic.loss.m_rounding,
-                     peak_rss_mib=result.peak_rss_mib,
-                     scores_nonfinite=result.scores_nonfinite)
+                     peak_rss_mib=rank.peak_rss_mib, scores_nonfinite=rank.scores_nonfinite,
+                     steps=rank.steps, held=stop - start + cfg.appended(topo.rank))
     watchdog.rendezvous(topo.comm, "the gathering of results")
     stats = topo.comm.gather(mine, root=0)
-    events = (topo.comm.gather(result.recorder.events, root=0)
+    events = (topo.comm.gather(rank.recorder.events, root=0)
               if cfg.trace is not None else None)
     record = trace = None
     if topo.is_root:
-        out = result.output
         record = RunRecord(
-            config=cfg, ranks=stats, isa=isa(), kernel_note=result.kernel_note,
-            output_nonfinite=int(np.count_nonzero(~np.isfinite(out))),
-            mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip(),
+            config=cfg, ranks=stats, isa=isa(), kernel_note=rank.kernel_note,
+            output_nonfinite=output_nonfinite, mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip(),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         if events is not None:
             trace = chrome_trace(events, [s.place for s in stats])
     with watchdog.waiting("rank 0 (the run record)"):
         record = topo.comm.bcast(record, root=0)
-    return Decoded(result.output, record, trace)
+    return record, trace

@@ -22,7 +22,10 @@ FORMAT = "gqa_mpi.run/2"
 
 PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
 """Timed phases of a run, in order; ``step`` is local attention + reduce + finalize,
-the decode step proper from resident slices to the output."""
+the decode step proper from resident slices to the output. With several decode steps,
+a rank's figure for a step phase is its median over the steps (the steady state)."""
+
+STEP_PHASES = ("local_attention", "reduce", "finalize")
 
 UNITS = dict(timings="s", bytes="B", peak_rss_mib="MiB", created="UTC, ISO 8601")
 
@@ -45,8 +48,8 @@ class RankStats:
     kernel: str
     """The local kernel that ran here."""
     timings: Dict[str, float]
-    """Seconds per phase (``inputs``, ``local_attention``, ``reduce``, ``finalize``
-    on the root, ``total``)."""
+    """Seconds per phase of the whole run (``inputs``, ``append`` with several steps,
+    ``total``; and the step phases summed over the steps)."""
     messages: int
     bytes: int
     """What this rank sent during the reduction."""
@@ -56,18 +59,28 @@ class RankStats:
     peak_rss_mib: float
     scores_nonfinite: bool
     """Some score of its sweep was NaN or +inf."""
+    steps: List[Dict[str, float]] = field(default_factory=list)
+    """Seconds of each step phase (``local_attention``, ``reduce``, ``finalize`` on the
+    root), one entry per decode step."""
+    held: int = 0
+    """Tokens it holds at the end, after the last step's append."""
 
     @property
     def tokens(self) -> int:
         return self.stop - self.start
 
-    @property
-    def step(self) -> float:
-        """Seconds of the decode step proper: local attention + reduce + finalize."""
-        return sum(self.timings.get(p, 0.0) for p in ("local_attention", "reduce", "finalize"))
+    def step_seconds(self) -> List[float]:
+        """Seconds of each decode step proper: local attention + reduce + finalize."""
+        return [sum(s.get(p, 0.0) for p in STEP_PHASES) for s in self.steps]
 
     def phase(self, name: str) -> float:
-        return self.step if name == "step" else self.timings.get(name, 0.0)
+        """Seconds of a phase: its median over the steps for a step phase (and for
+        ``step`` itself), the whole run's otherwise."""
+        if name == "step":
+            return float(np.median(self.step_seconds())) if self.steps else 0.0
+        if name in STEP_PHASES and self.steps:
+            return float(np.median([s.get(name, 0.0) for s in self.steps]))
+        return self.timings.get(name, 0.0)
 
     def to_json(self) -> Dict:
         return asdict(self)
@@ -127,9 +140,11 @@ class RunRecord:
     """NaN or inf elements of O."""
     inputs_checked_finite: bool = True
     """The inputs were generated, or files checked for NaN and inf."""
-    check: Optional[Comparison] = None
-    """O against the float64 reference (the kernel's model when faithful); None with
-    ``--no-check``."""
+    checks: List[Comparison] = field(default_factory=list)
+    """O against the float64 reference (the kernel's model when faithful) at each
+    checked step; empty with ``--no-check``."""
+    checked_steps: List[int] = field(default_factory=list)
+    """The steps ``checks`` are of."""
     vs_exact: Optional[Comparison] = None
     """Faithful runs: how far the kernel's arithmetic lands from exact attention."""
     mpi_library: str = ""
@@ -139,10 +154,34 @@ class RunRecord:
     """Files the root wrote: ``output``, ``trace``, ``json``."""
 
     # ---- summaries, computed from the per-rank values
+    @property
+    def check(self) -> Optional[Comparison]:
+        """The worst checked step (all must pass for it to pass); None if none was."""
+        if not self.checks:
+            return None
+        worst = max(self.checks, key=lambda c: (not c.passed, c.max_rel_err))
+        return Comparison(**dict(worst.to_json(), passed=all(c.passed for c in self.checks)))
+
     def timings(self) -> Dict[str, Dict[str, float]]:
-        """min / median / max over ranks of each phase that ran (seconds)."""
+        """min / median / max over ranks of each phase that ran (seconds; for the step
+        phases, each rank's median over the steps)."""
         ran = [p for p in PHASES if p == "step" or any(p in r.timings for r in self.ranks)]
         return {p: spread([r.phase(p) for r in self.ranks]) for p in ran}
+
+    def step_latency(self) -> List[float]:
+        """Seconds of each decode step, as its slowest rank saw it."""
+        return [max(s) for s in zip(*(r.step_seconds() for r in self.ranks))]
+
+    def latency(self) -> Dict[str, float]:
+        """p50 / p90 / p99 / max over the steps of :meth:`step_latency`."""
+        lat = np.asarray(self.step_latency())
+        return {f"p{q}": float(np.percentile(lat, q)) for q in (50, 90, 99)} | dict(
+            max=float(lat.max()))
+
+    @property
+    def held(self) -> Dict[str, int]:
+        """Fewest and most tokens a rank holds at the end (the placement's imbalance)."""
+        return dict(min=min(r.held for r in self.ranks), max=max(r.held for r in self.ranks))
 
     @property
     def messages(self) -> int:
@@ -191,7 +230,8 @@ class RunRecord:
         return dict(format=FORMAT, version=self.version, created=self.created,
                     mpi_library=self.mpi_library, units=UNITS,
                     config=self.config.to_json(),
-                    check=None if self.check is None else self.check.to_json(),
+                    checks=[c.to_json() for c in self.checks],
+                    checked_steps=self.checked_steps,
                     vs_exact=None if self.vs_exact is None else self.vs_exact.to_json(),
                     isa=self.isa, kernel_note=self.kernel_note,
                     output_nonfinite=self.output_nonfinite,
@@ -205,7 +245,7 @@ class RunRecord:
         d = dict(d)
         d["config"] = Config.from_json(d["config"])
         d["ranks"] = [RankStats.from_json(r) for r in d["ranks"]]
-        d["check"] = Comparison.from_json(d.get("check"))
+        d["checks"] = [Comparison.from_json(c) for c in d.get("checks", [])]
         d["vs_exact"] = Comparison.from_json(d.get("vs_exact"))
         return cls(**_known(cls, d))
 

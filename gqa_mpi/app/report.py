@@ -29,6 +29,13 @@ def format_report(record: RunRecord) -> str:
         f"split     {tokens['min']}..{tokens['max']} tokens per rank, tile {c.tile}; "
         f"wire {wire.name} ({wire.help})",
     ]
+    if c.steps > 1:
+        lat, held = record.latency(), record.held
+        lines.append(f"steps     {c.steps} decode steps, {c.queries} new token(s) each to "
+                     f"{c.placement} placement; step time (slowest rank) p50 "
+                     f"{lat['p50'] * 1e3:.1f} ms, p90 {lat['p90'] * 1e3:.1f} ms, p99 "
+                     f"{lat['p99'] * 1e3:.1f} ms, max {lat['max'] * 1e3:.1f} ms; tokens per "
+                     f"rank at the end {held['min']}..{held['max']}")
     used = "+".join(record.kernels)
     isa = f" ({record.isa})" if "fused" in record.kernels else ""
     lines.append(f"kernel    {used}{isa}; K/V resident as {c.kv_dtype}"
@@ -40,6 +47,9 @@ def format_report(record: RunRecord) -> str:
         against = "a float64 model of the kernel" if c.kernel_faithful else "float64 reference"
         if not c.kernel_faithful and c.kv_dtype == "float16":
             against += " on the float16 K/V the ranks hold"
+        if c.steps > 1:
+            against += (f", {len(record.checks)} of {c.steps} steps checked, the worst "
+                        f"shown")
         rule = f"tolerance {chk.tolerance:.3g}"
         if chk.control_rel_err is not None:
             rule += (f" = {chk.floor:.3g} + {CONTROL_FACTOR:g} x float32 control's "
@@ -76,7 +86,8 @@ def format_report(record: RunRecord) -> str:
         lines.append(f"wire      {wire.name}: no overflow; m rounded by up to "
                      f"{record.m_rounding:.3g}")
     tm = record.timings()
-    lines.append("time      max over ranks: " + ", ".join(
+    median = " (the median step's)" if c.steps > 1 else ""
+    lines.append(f"time      max over ranks{median}: " + ", ".join(
         f"{name} {tm[name]['max'] * 1e3:.1f} ms" for name in tm))
     lines.append(f"traffic   {record.messages} messages, {fmt(record.bytes)}; "
                  f"peak memory per rank {record.peak_rss_mib['max']:.0f} MiB (max); "

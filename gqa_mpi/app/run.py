@@ -1,5 +1,5 @@
-"""One run as the user sees it: the inputs, :func:`~gqa_mpi.app.decode.decode`, then
-the root's check, outputs and report; returns the exit code."""
+"""One run as the user sees it: the inputs, the decode steps (each checked on the
+root), then the root's outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,12 +8,16 @@ import time
 
 from mpi4py import MPI
 
+import numpy as np
+
 from ..core import inputs
 from ..mpi import watchdog
+from ..mpi.step import Rank
+from ..mpi.topology import Topology
 from . import outputs, report
-from .check import check_output
+from .check import check_output, step_queries
 from .config import Config
-from .decode import decode
+from .decode import gather_record
 
 
 def wait_for_root(comm: MPI.Comm) -> None:
@@ -40,28 +44,64 @@ def refuse_nonfinite(comm: MPI.Comm, tensors) -> None:
         raise inputs.InputError(f"{found[0]} (pass --allow-nonfinite to accept it)")
 
 
+def new_tokens(cfg: Config, rank: int, step: int):
+    """K and V rows ``(B, n, h_kv*d)`` of the tokens ``rank`` takes after step ``step``."""
+    first = cfg.cache_len(step)
+    mine = [t - first for t in range(first, first + cfg.queries) if cfg.owner(t) == rank]
+    if not mine:
+        return None
+    k, v = (np.asarray(inputs.GeneratedRows(cfg.seed, name, cfg.B, cfg.final_len,
+                                            cfg.heads_kv * cfg.head_dim, first + mine[0],
+                                            first + mine[-1] + 1)) for name in "kv")
+    pick = [t - mine[0] for t in mine]
+    return k[:, pick], v[:, pick]
+
+
 def run(comm: MPI.Comm, cfg: Config) -> int:
-    """Run one decode step; return the exit code (0 passed, 1 check failed, 2 an
+    """Run the decode steps; return the exit code (0 passed, 1 check failed, 2 an
     output could not be written)."""
     start, stop = cfg.tokens(comm.rank)
-    q, k, v = inputs.load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.seq_len,
+    q, k, v = inputs.load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
                                cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim,
                                start, stop)
     if cfg.inputs is not None and not cfg.allow_nonfinite:
         refuse_nonfinite(comm, [("q", q, 0), ("k", k, start), ("v", v, start)])
-    result = decode(q, k, v, cfg, comm=comm)
+    topo = Topology(comm, cfg.layout)
+    checks, checked, nonfinite, output = [], [], 0, None
+    try:
+        rank = Rank.load(cfg, topo, q, k, v)
+        del q, k, v
+        for step in range(cfg.steps):
+            result = rank.step(step, step_queries(cfg, step) if step else None)
+            output = result.output
+            if topo.is_root:
+                nonfinite += int(np.count_nonzero(~np.isfinite(output)))
+            if cfg.checked(step):
+                if topo.is_root:
+                    watchdog.phase(f"check of step {step}")
+                    checks.append(check_output(cfg, output, rank.traffic.loss.m_rounding,
+                                               step))
+                    checked.append(step)
+                with watchdog.waiting(f"rank 0 (check of step {step})"):
+                    wait_for_root(topo.comm)     # untimed: the next step starts together
+            if step + 1 < cfg.steps:
+                rows = new_tokens(cfg, topo.rank, step)
+                if rows is not None:
+                    rank.append(*rows)
+        record, trace = gather_record(cfg, topo, rank, nonfinite)
+    finally:
+        topo.free()
     code = 0
     if comm.rank == 0:
-        watchdog.phase("check and outputs")
+        watchdog.phase("outputs")
         record = dataclasses.replace(
-            result.record, inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite,
+            record, inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite,
             written={key: getattr(cfg, key) for key in ("output", "trace", "json")
-                     if getattr(cfg, key)})
-        if cfg.check:
-            record.check, record.vs_exact = check_output(cfg, result.output,
-                                                         record.m_rounding)
-        writes = [(cfg.output, lambda p: outputs.write_npy(p, result.output)),
-                  (cfg.trace, lambda p: outputs.write_json(p, result.trace)),
+                     if getattr(cfg, key)},
+            checks=[c for c, _ in checks], checked_steps=checked,
+            vs_exact=next((x for _, x in checks if x is not None), None))
+        writes = [(cfg.output, lambda p: outputs.write_npy(p, output)),
+                  (cfg.trace, lambda p: outputs.write_json(p, trace)),
                   (cfg.json, lambda p: outputs.write_json(p, record.to_json()))]
         write_error = False
         for path, write in writes:
@@ -81,6 +121,6 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
             print(report.format_report(record), flush=True)
         code = 2 if write_error else 0 if record.passed else 1
     watchdog.phase("end of run")
-    with watchdog.waiting("rank 0 (check and outputs)"):
+    with watchdog.waiting("rank 0 (outputs)"):
         wait_for_root(comm)
         return comm.bcast(code, root=0)

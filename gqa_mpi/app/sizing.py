@@ -40,7 +40,7 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     if root:
         total += 2 * B * T_q * h_q * d * 4                      # O, unfolded
         if cfg.check:
-            S = cfg.seq_len
+            S = cfg.final_len
             kv = 2 * B * S * width_kv
             total += kv * (4 + 8 + 4)                          # inputs, float64, float32 control
             total += 4 * B * T_q * G * S * 8                   # scores of one KV head, float64

@@ -55,9 +55,13 @@ def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
 
 def put_key_blocks(out: np.ndarray, rows: np.ndarray, at: int) -> None:
     """Write ``rows`` ``(B, n, h_kv*d)`` as tokens ``at .. at+n`` of a :func:`key_blocks`
-    array; ``at`` is a multiple of 16."""
+    array (whole blocks at once where ``at`` is a multiple of 16)."""
     B, n, _ = rows.shape
     h_kv, d = out.shape[1], out.shape[3]
+    if at % BLOCK:                     # a few tokens appended mid-block: one by one
+        t = at + np.arange(n)
+        out[:, :, t // BLOCK, :, t % BLOCK] = rows.reshape(B, n, h_kv, d).transpose(1, 0, 2, 3)
+        return
     full, tail = divmod(n, BLOCK)
     b = at // BLOCK
     out[:, :, b:b + full] = (rows[:, :full * BLOCK].reshape(B, full, BLOCK, h_kv, d)
@@ -77,10 +81,16 @@ def put_rows(out: np.ndarray, rows: np.ndarray, at: int) -> None:
 
 
 class NumpyKernel:
-    """The reference sweep of :mod:`gqa_mpi.attention` (BLAS products per tile)."""
+    """The reference sweep of :mod:`gqa_mpi.core.attention` (BLAS products per tile)."""
 
     name = "numpy"
-    sweep = staticmethod(local_attention)
+
+    @staticmethod
+    def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, count: Optional[int] = None,
+              **kw) -> Partial:
+        """:func:`~gqa_mpi.core.attention.local_attention` over the first ``count``
+        tokens of the resident ``k``, ``v`` (all of them by default)."""
+        return local_attention(q, k[:, :, :count], v[:, :, :count], **kw)
 
     @staticmethod
     def empty_k(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
@@ -99,11 +109,12 @@ class FusedKernel:
     @staticmethod
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
               tile: int = 1024, start: int = 0, causal_limit: Optional[np.ndarray] = None,
-              on_tile: Optional[Callable] = None) -> Partial:
+              on_tile: Optional[Callable] = None, count: Optional[int] = None) -> Partial:
         """Same contract as :func:`gqa_mpi.core.attention.local_attention`; ``k`` in the
-        :func:`key_blocks` layout, ``v`` resident, both float32 or both float16."""
+        :func:`key_blocks` layout, ``v`` resident, both float32 or both float16; only
+        the first ``count`` tokens (all by default) are swept."""
         B, h_kv, R, d = q.shape
-        S_local = v.shape[2]
+        S_local = v.shape[2] if count is None else count
         tile = max(1, min(tile, S_local))   # the kernel's scratch is sized by the tile
         qs = np.ascontiguousarray(q * np.float32(scale), dtype=np.float32)
         p = empty_partial(B, h_kv, R, d)
@@ -127,20 +138,29 @@ CHUNK = 8192
 
 
 def make_resident(kernel, rows: Callable[[str, int, int], np.ndarray], n: int, B: int,
-                  h_kv: int, d: int, dtype) -> Tuple[np.ndarray, np.ndarray]:
-    """K and V of an ``n``-token slice in ``kernel``'s layout, as ``dtype``.
+                  h_kv: int, d: int, dtype, capacity: int = 0) -> Tuple[np.ndarray, np.ndarray]:
+    """K and V of an ``n``-token slice in ``kernel``'s layout, as ``dtype``, with room
+    for ``capacity`` tokens in all (for a cache that grows: :func:`append`).
 
     ``rows(name, i, j)`` gives tokens ``i:j`` of the slice as ``(B, j-i, h_kv*d)`` in
     any float dtype (generated, or a memory map). They are converted ``CHUNK`` tokens
     at a time, so loading never holds more than the resident slice and one chunk.
     """
-    k = kernel.empty_k(n, B, h_kv, d, dtype)
-    v = np.empty((B, h_kv, n, d), dtype=dtype)
+    room = max(n, capacity)
+    k = kernel.empty_k(room, B, h_kv, d, dtype)
+    v = np.empty((B, h_kv, room, d), dtype=dtype)
     for i in range(0, n, CHUNK):
         j = min(i + CHUNK, n)
         kernel.put_k(k, rows("k", i, j), i)
         put_rows(v, rows("v", i, j), i)
     return k, v
+
+
+def append(kernel, k: np.ndarray, v: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray,
+           at: int) -> None:
+    """Write new tokens ``(B, n, h_kv*d)`` at ``at .. at+n`` of a resident K and V."""
+    kernel.put_k(k, k_rows, at)
+    put_rows(v, v_rows, at)
 
 
 def select(name: str):

@@ -1,11 +1,12 @@
-"""One GQA decode step on all ranks, in the kernel's order.
+"""Decode steps on one rank, in the kernel's order.
 
-Each rank holds a ``S_local`` slice of K, V and the full Q (replicated). It makes
-the slice resident in its kernel's layout, sweeps it in tiles (per-rank scratch is
-bounded by the tile whatever ``S_local`` is), then the partial ``(m, l, O)`` is
-reduced to rank 0 along the configured schedule (the kernel's chain by default:
-row chain and column bridge in each cube, then the inter-cube chain), and the root
-computes ``O / l``.
+Each rank holds a slice of K and V and the full Q (replicated). It makes the slice
+resident in its kernel's layout (with room for the tokens the decode loop will
+append), then, every step: sweeps its tokens in tiles (scratch bounded by the tile,
+whatever the slice), reduces the partial ``(m, l, O)`` to rank 0 along the configured
+schedule (the kernel's chain by default: row chain and column bridge in each cube,
+then the inter-cube chain), and the root computes ``O / l``. Between steps the new
+tokens a rank takes are appended to its cache.
 
 ``cfg`` is a placed :class:`gqa_mpi.app.config.Config`; this module reads it and
 never builds one.
@@ -15,13 +16,13 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
 from ..core.attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
 from ..core.kernel_model import kernel_operands, kernel_output
-from ..core.kernels import make_resident, select
+from ..core.kernels import append, make_resident, select
 from ..core.schedules import Traffic
 from ..core.trace import Recorder
 from . import watchdog
@@ -29,105 +30,149 @@ from .exchange import execute
 from .faults import inject
 from .topology import Topology
 
+STEP_PHASES = ("local_attention", "reduce", "finalize")
+"""The phases of one decode step, timed per step."""
+
 
 @dataclass
 class StepResult:
-    """What one rank knows after the step."""
+    """What one rank knows after one step."""
 
     output: Optional[np.ndarray]
     """O in the layout of Q, float32; the root only."""
-    start: int
-    stop: int
-    recorder: Recorder
-    traffic: Traffic = field(default_factory=Traffic)
-    peak_rss_mib: float = 0.0
-    kernel: str = "numpy"
-    """The local kernel that ran (``--kernel auto`` may fall back to numpy)."""
-    kernel_note: Optional[str] = None
-    """Why ``--kernel auto`` fell back to numpy, if it did."""
-    scores_nonfinite: bool = False
+    traffic: Traffic
+    timings: Dict[str, float]
+    """Seconds of each phase of :data:`STEP_PHASES` this rank ran."""
+    scores_nonfinite: bool
     """Some score of this rank's sweep was NaN or +inf (float32 overflow, or NaN input)."""
 
 
-def operands(cfg, kernel, q: np.ndarray, k_rows, v_rows):
-    """Q folded by KV head and the K, V slice resident in ``kernel``'s layout.
+@dataclass
+class Rank:
+    """One rank's PE across decode steps: its resident cache and what it measured."""
 
-    ``k_rows``, ``v_rows`` are ``(B, S_local, h_kv*d)`` arrays or anything sliced as
-    ``[:, i:j]`` (generated rows, memory maps): they are converted a chunk at a time.
-    """
-    if cfg.kernel_faithful:  # the kernel's reshapes give one float16-valued head
-        q, k_rows, v_rows = kernel_operands(q, k_rows, v_rows, group=cfg.group,
-                                            d=cfg.head_dim, tile=cfg.tile)
-        k_rows, v_rows = k_rows[0], v_rows[0]
-        h_kv, dtype = 1, np.float32
-    else:
-        q = fold_queries(q, cfg.heads_kv, cfg.head_dim)
-        h_kv, dtype = cfg.heads_kv, np.dtype(cfg.kv_dtype)
-    rows = {"k": k_rows, "v": v_rows}
-    k, v = make_resident(kernel, lambda name, i, j: rows[name][:, i:j], k_rows.shape[1],
-                         k_rows.shape[0], h_kv, cfg.head_dim, dtype)
-    return q, k, v
+    cfg: object
+    topo: Topology
+    start: int
+    """Global index of its first initial token."""
+    count: int = 0
+    """Tokens resident now."""
+    kernel: object = None
+    kernel_note: Optional[str] = None
+    recorder: Recorder = None
+    q: np.ndarray = None
+    k: np.ndarray = None
+    v: np.ndarray = None
+    steps: List[Dict[str, float]] = field(default_factory=list)
+    traffic: Traffic = field(default_factory=Traffic)
+    scores_nonfinite: bool = False
 
+    @classmethod
+    def load(cls, cfg, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> "Rank":
+        """Warm the reduction path up, then make this rank's slice resident.
 
-def warm_up(comm, cfg) -> None:
-    """Send one tiny partial along the reduction's own path, untimed.
+        ``q_in`` is ``(B, T_q, h_q*d)`` float32; ``k_rows``, ``v_rows`` are this rank's
+        tokens ``cfg.tokens(rank)`` as ``(B, S_local, h_kv*d)`` arrays, or anything
+        sliced as ``[:, i:j]`` (generated rows, memory maps): they are converted a chunk
+        at a time, so loading never holds the slice twice.
+        """
+        start, _ = cfg.tokens(topo.rank)
+        kernel, note = select(cfg.kernel)
+        rank = cls(cfg, topo, start, kernel=kernel, kernel_note=note,
+                   recorder=Recorder(topo.rank, events=cfg.trace is not None,
+                                     tiles=cfg.trace_tiles))
+        watchdog.phase("warm-up")
+        with watchdog.waiting("a neighbour (warm-up)"):
+            # MPI sets a connection up on the first message between two ranks; a decode
+            # step of a running model finds them set up, so the timed step should too
+            execute(topo.comm, empty_partial(1, 1, 1, 1), cfg.schedule, cfg.layout,
+                    cfg.wire_format)
+        watchdog.rendezvous(topo.comm, "the start of the step")
+        rank.recorder.start()  # a common origin for every rank's clock
+        with rank.recorder.phase("inputs", tokens=[start, start + k_rows.shape[1]]):
+            watchdog.phase("inputs")
+            inject("inputs", topo.rank)
+            rank._resident(q_in, k_rows, v_rows)
+        # the kernel starts with its slice resident: time it from there
+        watchdog.rendezvous(topo.comm, "the end of inputs")
+        return rank
 
-    MPI libraries set up a connection on the first message between two ranks; a
-    decode step of a running model finds them set up, so the timed step should too.
-    """
-    execute(comm, empty_partial(1, 1, 1, 1), cfg.schedule, cfg.layout, cfg.wire_format)
+    def _resident(self, q_in, k_rows, v_rows) -> None:
+        cfg = self.cfg
+        if cfg.kernel_faithful:  # the kernel's reshapes give one float16-valued head
+            q, k_rows, v_rows = kernel_operands(q_in, k_rows, v_rows, group=cfg.group,
+                                                d=cfg.head_dim, tile=cfg.tile)
+            k_rows, v_rows = k_rows[0], v_rows[0]
+            h_kv, dtype = 1, np.float32
+        else:
+            q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
+            h_kv, dtype = cfg.heads_kv, np.dtype(cfg.kv_dtype)
+        rows = {"k": k_rows, "v": v_rows}
+        self.count = k_rows.shape[1]
+        room = self.count + cfg.appended(self.topo.rank, cfg.steps - 1)
+        self.q = q
+        self.k, self.v = make_resident(self.kernel, lambda name, i, j: rows[name][:, i:j],
+                                       self.count, k_rows.shape[0], h_kv, cfg.head_dim,
+                                       dtype, room)
 
+    def step(self, index: int, q_in: Optional[np.ndarray] = None) -> StepResult:
+        """Decode step ``index``: attend over the cache as it stands, reduce, finalize.
 
-def decode_step(cfg, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> StepResult:
-    """Run one decode step on this rank; the root's result holds the output.
+        ``q_in`` gives this step's queries ``(B, T_q, h_q*d)``; by default those given
+        to :meth:`load`.
+        """
+        cfg, topo, rec = self.cfg, self.topo, self.recorder
+        if q_in is not None:
+            self.q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
+        times: Dict[str, float] = {}
+        out = None
+        t0 = time.perf_counter()
+        with rec.phase("local_attention", tile=cfg.tile, step=index):
+            watchdog.phase("local_attention")
+            inject("local_attention", topo.rank)
+            limit = (causal_limits(cfg.cache_len(index), cfg.queries, cfg.group)
+                     if cfg.causal else None)
+            partial = self.kernel.sweep(self.q, self.k, self.v, scale=cfg.scale,
+                                        tile=cfg.tile, start=self.start, causal_limit=limit,
+                                        on_tile=rec.tile if rec.tiles else None,
+                                        count=self.count)
+            nonfinite = bool(np.isnan(partial.m).any() or np.isposinf(partial.m).any())
+        t1 = time.perf_counter()
+        times["local_attention"] = t1 - t0
+        with rec.phase("reduce", wire=cfg.wire_format.name, schedule=cfg.reduce, step=index):
+            watchdog.phase("reduce")
+            inject("reduce", topo.rank)
+            partial, traffic = execute(topo.comm, partial, cfg.schedule, cfg.layout,
+                                       cfg.wire_format, rec)
+        t2 = time.perf_counter()
+        times["reduce"] = t2 - t1
+        if topo.is_root:
+            with rec.phase("finalize", step=index):
+                watchdog.phase("finalize")
+                inject("finalize", topo.rank)
+                out = finalize(partial)
+                if cfg.kernel_faithful:
+                    out = kernel_output(out, (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim))
+                else:
+                    out = unfold_output(out, cfg.queries)
+                out = out if cfg.batched else out[0]
+            times["finalize"] = time.perf_counter() - t2
+        self.steps.append(times)
+        self.traffic = Traffic(self.traffic.messages + traffic.messages,
+                               self.traffic.bytes + traffic.bytes,
+                               self.traffic.loss + traffic.loss)
+        self.scores_nonfinite |= nonfinite
+        return StepResult(out, traffic, times, nonfinite)
 
-    ``q_in`` is ``(B, T_q, h_q*d)`` float32 on every rank; ``k_rows``, ``v_rows`` are
-    this rank's tokens ``cfg.tokens(rank)`` as ``(B, S_local, h_kv*d)``.
-    """
-    comm = topo.comm
-    start, stop = cfg.tokens(topo.rank)
-    rec = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
-    kernel, note = select(cfg.kernel)
-    result = StepResult(None, start, stop, rec, kernel=kernel.name, kernel_note=note)
-    wire = cfg.wire_format
-    watchdog.phase("warm-up")
-    with watchdog.waiting("a neighbour (warm-up)"):
-        warm_up(comm, cfg)
-    watchdog.rendezvous(comm, "the start of the step")
-    rec.start()  # a common origin for every rank's clock
+    def append(self, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
+        """Add new tokens ``(B, n, h_kv*d)`` to this rank's cache."""
+        with self.recorder.phase("append"):
+            append(self.kernel, self.k, self.v, k_rows, v_rows, self.count)
+        self.count += k_rows.shape[1]
 
-    with rec.phase("inputs", tokens=[start, stop]):
-        watchdog.phase("inputs")
-        inject("inputs", topo.rank)
-        q, k, v = operands(cfg, kernel, q_in, k_rows, v_rows)
-    # the kernel starts with its slice resident: time it from there
-    watchdog.rendezvous(comm, "the end of inputs")
+    def finish(self) -> None:
+        self.recorder.timings["total"] = time.perf_counter() - self.recorder.origin
 
-    with rec.phase("local_attention", tile=cfg.tile):
-        watchdog.phase("local_attention")
-        inject("local_attention", topo.rank)
-        limit = (causal_limits(cfg.seq_len, cfg.queries, cfg.group)
-                 if cfg.causal else None)
-        partial = kernel.sweep(q, k, v, scale=cfg.scale, tile=cfg.tile, start=start,
-                               causal_limit=limit, on_tile=rec.tile if rec.tiles else None)
-        result.scores_nonfinite = bool(np.isnan(partial.m).any() or np.isposinf(partial.m).any())
-
-    with rec.phase("reduce", wire=wire.name, schedule=cfg.reduce):
-        watchdog.phase("reduce")
-        inject("reduce", topo.rank)
-        partial, result.traffic = execute(comm, partial, cfg.schedule, cfg.layout, wire, rec)
-
-    if topo.is_root:
-        with rec.phase("finalize"):
-            watchdog.phase("finalize")
-            inject("finalize", topo.rank)
-            out = finalize(partial)
-            if cfg.kernel_faithful:
-                out = kernel_output(out, q_in.shape)
-            else:
-                out = unfold_output(out, cfg.queries)
-            result.output = out if cfg.batched else out[0]
-
-    rec.timings["total"] = time.perf_counter() - rec.origin
-    result.peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return result
+    @property
+    def peak_rss_mib(self) -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

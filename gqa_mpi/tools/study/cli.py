@@ -21,7 +21,7 @@ from .results import read_results, summarise
 
 CONFIG_FIELDS = [f.name for f in fields(Config)
                  if f.metadata["group"] in ("problem", "algorithm")
-                 and f.name not in ("inputs", "allow_nonfinite")] + ["grid"]
+                 and f.name not in ("inputs", "allow_nonfinite")] + ["grid", "placement"]
 """The gqa_mpi options a study passes to every launch (typed and checked here)."""
 
 DEFAULTS = dict(kind="strong", ranks="1,2,4,8,16", seq_len=65536, tokens_per_rank=8192,

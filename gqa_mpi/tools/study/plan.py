@@ -45,7 +45,7 @@ class Point:
                     tokens_per_rank=c.seq_len // self.ranks, heads_q=c.heads_q,
                     heads_kv=c.heads_kv, head_dim=c.head_dim, queries=c.queries,
                     batch=c.B, tile=c.tile, wire=c.wire_format.name,
-                    reduce_schedule=c.reduce, extra=shlex.join(self.extra))
+                    reduce_schedule=c.reduce, steps=c.steps, extra=shlex.join(self.extra))
 
     @property
     def run_id(self) -> str:
@@ -60,7 +60,8 @@ class Point:
 def run_id(columns: Dict) -> str:
     keys = ("study", "ranks", "grid", "seq_len", "heads_q", "heads_kv", "head_dim",
             "queries", "batch", "tile", "wire", "reduce_schedule", "extra")
-    return "|".join(f"{k}={columns[k]}" for k in keys)
+    steps = "" if str(columns["steps"]) == "1" else f"|steps={columns['steps']}"
+    return "|".join(f"{k}={columns[k]}" for k in keys) + steps
 
 
 def plan(kind: str, base: Config, ranks: List[int], tokens_per_rank: int,

@@ -14,15 +14,19 @@ from .plan import Point, StudyError
 
 POINT_KEYS = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_rank",
               "heads_q", "heads_kv", "head_dim", "queries", "batch", "tile", "wire",
-              "reduce_schedule", "extra")
+              "reduce_schedule", "steps", "extra")
 COLUMNS = (("run_id", "repeat", "status") + POINT_KEYS
            + tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
            + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
               "wall_s", "finished_at", "host", "error"))
 STATUSES = ("ok", "check_failed", "failed", "timeout")
+LEGACY = tuple(c for c in COLUMNS if c != "steps")
+"""The columns of a study written before the decode loop (one step per run)."""
 
 
 STATUSES = ("ok", "check_failed", "failed", "timeout")
+LEGACY = tuple(c for c in COLUMNS if c != "steps")
+"""The columns of a study written before the decode loop (one step per run)."""
 
 
 def _row_ok(row: Dict) -> bool:
@@ -53,12 +57,18 @@ def read_results(path: str, repair: bool = False) -> List[Dict]:
     text = data.decode("utf-8", errors="replace")
     reader = csv.reader(text.splitlines())
     header = next(reader, None)
-    if header != list(COLUMNS):
+    columns = COLUMNS if header == list(COLUMNS) else LEGACY if header == list(LEGACY) else None
+    if columns is None:
         raise StudyError(f"{path}: the header is not a gqa_mpi study's (damaged, or another "
-                         f"file, or an older version); move it away or choose another --out")
+                         f"file); move it away or choose another --out")
+    if columns is LEGACY and repair:
+        raise StudyError(f"{path}: written by an older gqa_mpi (no steps column); summary "
+                         f"and plot still read it, but new runs need another --out")
     rows, garbage = [], []
     for n, fields in enumerate(reader, start=2):
-        row = dict(zip(COLUMNS, fields)) if len(fields) == len(COLUMNS) else {None: fields}
+        row = dict(zip(columns, fields)) if len(fields) == len(columns) else {None: fields}
+        if columns is LEGACY and None not in row:
+            row["steps"] = "1"
         if _row_ok(row) and not (cut and n == len(lines)):
             rows.append(row)
         elif not (cut and n == len(lines)):
@@ -152,12 +162,13 @@ def summarise(rows: List[Dict], stream) -> None:
     if not points:
         return
     stream.write(f"{'study':>6} {'ranks':>5} {'S_kv':>9} {'tile':>5} {'wire':>6} "
-                 f"{'reduce':>6} {'grid':>4} {'step ms':>9} {'local ms':>9} "
+                 f"{'reduce':>15} {'grid':>4} {'steps':>5} {'step ms':>9} {'local ms':>9} "
                  f"{'beyond ms':>9} {'eff':>5} {'n':>2}\n")
     for p in points:
         eff = p.get("efficiency")
         stream.write(f"{p['study']:>6} {p['ranks']:>5} {p['seq_len']:>9} {p['tile']:>5} "
-                     f"{p['wire']:>6} {p['reduce_schedule']:>6} {p['grid']:>4} "
+                     f"{p['wire']:>6} {p['reduce_schedule']:>15} {p['grid']:>4} "
+                     f"{p['steps']:>5} "
                      f"{p['step'] * 1e3:>9.2f} {p['local_attention'] * 1e3:>9.2f} "
                      f"{(p['step'] - p['local_attention']) * 1e3:>9.2f} "
                      f"{'' if eff is None else f'{eff:.2f}':>5} {p['repeats']:>2}\n")
