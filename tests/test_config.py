@@ -111,3 +111,30 @@ def test_tokens_follow_the_split():
     assert [cfg.tokens(r) for r in range(4)] == [(0, 0), (0, 10), (10, 10), (10, 10)]
     cfg = Config(seq_len=10, kernel_faithful=True, pes=4).placed(4)
     assert [cfg.tokens(r) for r in range(4)] == [(0, 2), (2, 4), (4, 6), (6, 8)]
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(steps=0), "--steps must be a positive"),
+    (dict(placement="blocks:0"), "blocks:B with B a positive"),
+    (dict(placement="striped"), "--placement must be contiguous, round-robin or blocks:B"),
+    (dict(steps=2, causal=True, placement="round-robin"), "use --placement contiguous"),
+    (dict(steps=2, inputs="dir"), "cannot follow --inputs"),
+    (dict(steps=2, kernel_faithful=True), "runs one decode step"),
+    (dict(check_every=0), "--check-every must be a positive"),
+])
+def test_bad_decode_loop(kw, words):
+    with pytest.raises(ValueError, match=words):
+        Config(**kw)
+
+
+def test_placements_and_the_growing_cache():
+    cfg = Config(seq_len=10, steps=3, queries=2, placement="round-robin").placed(4)
+    assert [cfg.owner(t) for t in range(10, 16)] == [2, 3, 0, 1, 2, 3]
+    assert [cfg.appended(r) for r in range(4)] == [1, 1, 2, 2]
+    assert [cfg.appended(r, 2) for r in range(4)] == [1, 1, 1, 1]    # what is attended
+    assert (cfg.cache_len(0), cfg.cache_len(2), cfg.final_len) == (10, 14, 16)
+    contiguous = Config(seq_len=10, steps=3, queries=2).placed(4)
+    assert [contiguous.appended(r) for r in range(4)] == [0, 0, 0, 6]
+    every = Config(steps=5, check_every=2)
+    assert [every.checked(s) for s in range(5)] == [False, True, False, True, True]
+    assert not Config(steps=5, check=False).checked(4)

@@ -13,8 +13,10 @@ def stats(rank, local, reduce, **kw):
                 stop=rank * 10 + 10, kernel="fused", timings=dict(
                     inputs=0.5, local_attention=local, reduce=reduce, total=1.0),
                 messages=3, bytes=96, overflow=0, m_rounding=0.0, peak_rss_mib=100.0 + rank,
-                scores_nonfinite=False)
+                scores_nonfinite=False, held=10)
     base.update(kw)
+    base.setdefault("steps", [{p: base["timings"][p] for p in ("local_attention", "reduce",
+                                                              "finalize") if p in base["timings"]}])
     return RankStats(**base)
 
 
@@ -40,11 +42,22 @@ def test_summaries_are_computed_not_stored():
                                         if k != "ranks" and k != "units"})
 
 
+def test_several_steps_give_steady_state_medians_and_latency_percentiles():
+    steps = [dict(local_attention=0.1 * (i + 1), reduce=0.01) for i in range(5)]
+    rec = RunRecord(config=Config(steps=5).placed(2), isa="none", ranks=[
+        stats(0, 0, 0, steps=steps), stats(1, 0, 0, steps=steps[::-1], held=12)])
+    assert rec.step_latency() == pytest.approx([0.51, 0.41, 0.31, 0.41, 0.51])
+    lat = rec.latency()
+    assert lat["p50"] == pytest.approx(0.41) and lat["max"] == pytest.approx(0.51)
+    assert rec.timings()["local_attention"]["max"] == pytest.approx(0.3)    # median step
+    assert rec.held == dict(min=10, max=12)
+
+
 def test_json_round_trip_is_strict_and_says_its_units(tmp_path):
     inf = Comparison(max_abs_err=float("inf"), max_rel_err=float("inf"), tolerance=1e-4,
                      floor=1e-4, control_rel_err=None, finite=False, nonfinite=3,
                      passed=False)
-    rec = record(check=inf, mpi_library="MPICH Version: 5", created="2026-12-03T09:00:00Z",
+    rec = record(checks=[inf], checked_steps=[0], mpi_library="MPICH Version: 5", created="2026-12-03T09:00:00Z",
                  written=dict(json="r.json"))
     path = tmp_path / "r.json"
     write_json(str(path), rec.to_json())

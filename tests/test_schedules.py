@@ -5,6 +5,7 @@ import pytest
 
 from gqa_mpi.core.grid import DIRECTIONS, Grid
 from gqa_mpi.core.schedules import SCHEDULES
+from gqa_mpi.core.wires import WIRES
 
 from util import spec_schedule
 
@@ -47,7 +48,7 @@ def test_grid_neighbours_of_a_short_last_row(P):
     assert Grid(1, 6, 4).neighbours(3)["intra_S"] is None        # nobody below PE 3
 
 
-@pytest.mark.parametrize("name", ["chain", "tree"])
+@pytest.mark.parametrize("name", ["chain", "tree", "pipelined-chain"])
 @pytest.mark.parametrize("C,P,cols", SHAPES)
 def test_point_to_point_schedules_are_trees_rooted_at_0(name, C, P, cols):
     schedule, grid = SCHEDULES.get(name), Grid(C, P, cols)
@@ -59,7 +60,7 @@ def test_point_to_point_schedules_are_trees_rooted_at_0(name, C, P, cols):
         recvs |= {(s.peer, r) for s in ops if s.op == "recv"}
     assert sends == recvs and len(sends) == grid.size - 1
     assert not any(src == 0 for src, _ in sends)
-    if name == "chain":     # the farthest PE's row + col hops, then the cubes'
+    if name != "tree":      # the farthest PE's row + col hops, then the cubes'
         assert schedule.depth(grid) == grid.chain_depth == max(
             sum(divmod(pe, cols)) for pe in range(P)) + C - 1
     else:
@@ -88,9 +89,13 @@ def test_mpi_reduce_is_one_collective_carrying_the_packed_wire():
     mpi = SCHEDULES.get("mpi")
     assert [s.op for s in mpi.steps(Grid(2, 8, 4), 5)] == ["reduce"]
     assert mpi.steps(Grid(1, 1, 4), 0) == [] and mpi.depth(Grid(2, 8, 4)) is None
-    mpi.check_wire("packed")
+    mpi.check_wire(WIRES.get("packed"))
     with pytest.raises(ValueError, match="carries only --wire packed"):
-        mpi.check_wire("fp32")
+        mpi.check_wire(WIRES.get("fp32"))
+    allgather, alltoall = SCHEDULES.get("allgather"), SCHEDULES.get("alltoall")
+    assert [w.name for w in WIRES if allgather.accepts(w)] == ["fp32"]
+    assert "packed" not in [w.name for w in WIRES if alltoall.accepts(w)]
+    assert allgather.depth(Grid(2, 8, 4)) is None and alltoall.steps(Grid(1, 1, 4), 0) == []
     assert "MPI picks the pattern" in mpi.describe(Grid(2, 8, 4))
 
 

@@ -153,27 +153,31 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
     return rows
 
 
-def reduction_table(ranks: List[int], tokens_per_rank: int, timeout: int) -> List[Dict]:
-    """Real launches: reduction time against local time per schedule and wire."""
+def reduction_table(ranks: List[int], tokens_per_rank: List[int], steps: int, timeout: int,
+                    every_wire: bool = True) -> List[Dict]:
+    """Real launches: reduction time against local time for every schedule and every
+    wire it carries (or only its default wire), each the median over ``steps`` decode
+    steps (the steady state)."""
     combos = [(s.name, w.name) for s in SCHEDULES for w in WIRES
-              if s.wires is None or w.name in s.wires]
+              if s.accepts(w) and (every_wire or w.name == s.default_wire)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for n in ranks:
+        for n, per_rank in ((n, t) for n in ranks for t in tokens_per_rank):
             for schedule, wire in combos:
                 path = os.path.join(tmp, f"{n}-{schedule}-{wire}.json")
-                cmd = gqa_command(n, ["--seq-len", str(tokens_per_rank * n), "--reduce",
-                                      schedule, "--wire", wire, "--no-check", "--quiet",
-                                      "--json", path])
+                cmd = gqa_command(n, ["--seq-len", str(per_rank * n), "--reduce", schedule,
+                                      "--wire", wire, "--steps", str(steps), "--no-check",
+                                      "--quiet", "--json", path])
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
                 if proc.returncode != 0:
-                    rows.append(dict(ranks=n, reduce=schedule, wire=wire,
+                    rows.append(dict(ranks=n, tokens_per_rank=per_rank, reduce=schedule,
+                                     wire=wire,
                                      error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
                     continue
                 rec = RunRecord.load(path)
                 red = rec.timings()["reduce"]["max"]
                 loc = rec.timings()["local_attention"]["max"]
-                rows.append(dict(ranks=n, reduce=schedule, wire=wire,
+                rows.append(dict(ranks=n, tokens_per_rank=per_rank, reduce=schedule, wire=wire,
                                  hops=rec.config.schedule.depth(rec.config.layout),
                                  reduce_s=red, local_s=loc, reduce_over_local=red / loc,
                                  messages=rec.messages, bytes=rec.bytes))
@@ -229,15 +233,17 @@ def print_tables(result: Dict) -> None:
                   f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
                   + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
     if result.get("reduction"):
-        print("\nreduction from real mpirun launches (max over ranks)")
-        print(f"{'ranks':>5} {'reduce':>6} {'wire':>6} {'hops':>4} {'reduce ms':>9} "
-              f"{'local ms':>9} {'reduce/local':>12} {'messages':>8}")
+        print("\nreduction from real mpirun launches (max over ranks, median step)")
+        print(f"{'ranks':>5} {'tokens/rank':>11} {'reduce':>15} {'wire':>6} {'hops':>4} "
+              f"{'reduce ms':>9} {'local ms':>9} {'reduce/local':>12} {'messages':>8}")
         for r in result["reduction"]:
+            head = (f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['reduce']:>15} "
+                    f"{r['wire']:>6}")
             if "error" in r:
-                print(f"{r['ranks']:>5} {r['reduce']:>6} {r['wire']:>6}  failed: {r['error']}")
+                print(f"{head}  failed: {r['error']}")
                 continue
             hops = "-" if r["hops"] is None else r["hops"]
-            print(f"{r['ranks']:>5} {r['reduce']:>6} {r['wire']:>6} {hops:>4} "
+            print(f"{head} {hops:>4} "
                   f"{r['reduce_s'] * 1e3:>9.2f} {r['local_s'] * 1e3:>9.2f} "
                   f"{r['reduce_over_local']:>12.3f} {r['messages']:>8}")
     s = result.get("startup")
@@ -260,8 +266,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
     p.add_argument("--ranks", default="16,64",
                    help="rank counts for the reduction table; 'none' to skip")
-    p.add_argument("--tokens-per-rank", type=int, default=8192,
-                   help="S_kv / ranks in the reduction runs (default 8192)")
+    p.add_argument("--tokens-per-rank", default="8K",
+                   help="S_kv / ranks in the reduction runs, e.g. 8K,64K (default 8K)")
+    p.add_argument("--steps", type=int, default=10,
+                   help="decode steps per reduction run; the median step is reported "
+                        "(default 10)")
     p.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
@@ -272,7 +281,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
-        args.ranks, args.tokens_per_rank, args.no_startup = "2", 256, True
+        args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 2
     try:
         tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
         ranks = [] if args.ranks == "none" else _sizes(args.ranks)
@@ -281,7 +290,8 @@ def main(argv=None) -> int:
     result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1, isa=kernels.isa())
     result["local"] = local_table(tokens, tiles, groups, args.heads_kv, args.head_dim,
                                   args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
-    result["reduction"] = reduction_table(ranks, args.tokens_per_rank, args.timeout)
+    result["reduction"] = reduction_table(ranks, _sizes(args.tokens_per_rank), args.steps,
+                                          args.timeout, every_wire=not args.quick)
     result["startup"] = None if args.no_startup else startup(args.repeats, args.timeout)
     print_tables(result)
     if args.json:
