@@ -57,10 +57,12 @@ def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
         if np.isfinite(c_err):
             control_rel = c_err / norm
             threshold = tolerance + CONTROL_FACTOR * control_rel
+    p50, p99 = ((float(x) / norm for x in np.percentile(err, [50, 99]))
+                if finite and err.size else (None, None))
     return Comparison(max_abs_err=max_abs, max_rel_err=max_rel, tolerance=threshold,
                       floor=tolerance, control_rel_err=control_rel, finite=finite,
                       nonfinite=int(np.count_nonzero(~np.isfinite(out64))),
-                      passed=bool(finite and max_rel <= threshold))
+                      passed=bool(finite and max_rel <= threshold), err_p50=p50, err_p99=p99)
 
 
 def step_queries(cfg, step: int) -> np.ndarray:

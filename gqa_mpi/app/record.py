@@ -105,6 +105,10 @@ class Comparison:
     finite: bool
     nonfinite: int
     passed: bool
+    err_p50: Optional[float] = None
+    err_p99: Optional[float] = None
+    """Percentiles over the elements of ``|out - ref| / max|ref|``: how the error
+    spreads, where ``max_rel_err`` is its largest element."""
 
     def to_json(self) -> Dict:
         return asdict(self)

@@ -8,9 +8,11 @@ from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
 from ...app.config import Config, _grid
+from ...core.schedules import SCHEDULES
+from ...core.wires import WIRES
 from ..launcher import mpirun_command
 
-KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid")
+KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid", "numerics")
 SWEEPS = {"tile": ("tile", "tiles", int), "wire": ("wire", "wires", str),
           "reduce": ("reduce", "reduces", str), "grid": ("grid", "grids", _grid)}
 """Sweep kind -> (the Config field it varies, the study option listing the values,
@@ -64,11 +66,30 @@ def run_id(columns: Dict) -> str:
     return "|".join(f"{k}={columns[k]}" for k in keys) + steps
 
 
+def numerics(base: Config, ranks: List[int], reduces: List[str], wires: List[str],
+             extra: Tuple[str, ...]) -> List[Point]:
+    """Every rank count x schedule x wire it carries, on one fixed problem."""
+    try:
+        pairs = [(s, w) for s in map(SCHEDULES.get, reduces) for w in map(WIRES.get, wires)
+                 if s.accepts(w)]
+    except ValueError as e:
+        raise StudyError(str(e))
+    if not pairs:
+        raise StudyError(f"no schedule of --reduces {','.join(reduces)} carries a wire of "
+                         f"--wires {','.join(wires)}")
+    return [Point("numerics", n, replace(base, reduce=s.name, wire=w.name), extra)
+            for n in ranks for s, w in pairs]
+
+
 def plan(kind: str, base: Config, ranks: List[int], tokens_per_rank: int,
-         values: Optional[List[str]] = None, extra: Tuple[str, ...] = ()) -> List[Point]:
+         values: Optional[List[str]] = None, extra: Tuple[str, ...] = (),
+         reduces: Optional[List[str]] = None, wires: Optional[List[str]] = None
+         ) -> List[Point]:
     """The study's points, in run order (without repeats); each one checked as it will
     be placed, so that a point gqa_mpi would refuse is refused here, before any launch."""
-    if kind in ("strong", "weak"):
+    if kind == "numerics":
+        points = numerics(base, ranks, reduces or [], wires or [], extra)
+    elif kind in ("strong", "weak"):
         points = [Point(kind, n, base if kind == "strong"
                         else replace(base, seq_len=tokens_per_rank * n), extra)
                   for n in ranks]

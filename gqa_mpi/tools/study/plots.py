@@ -95,6 +95,36 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
         save(fig, f"{kind}_throughput.png")
 
+    errors = [p for p in points if p["study"] == "numerics" and p["max_rel_err"] != "-"]
+    if errors:
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+        ranks = sorted({p["ranks"] for p in errors})
+        pairs = sorted({(p["reduce_schedule"], p["wire"]) for p in errors})
+        control = [float(p["control_rel_err"]) for p in errors if p["control_rel_err"] != "-"]
+        for ax, key, what in ((axes[0], "max_rel_err", "largest element"),
+                              (axes[1], "err_p50", "median element")):
+            for reduce, wire in pairs:
+                pts = sorted((p for p in errors if (p["reduce_schedule"], p["wire"])
+                              == (reduce, wire)), key=lambda p: p["ranks"])
+                ax.plot([p["ranks"] for p in pts], [float(p[key]) for p in pts], "o-",
+                        label=f"{reduce}, {wire}", ms=3)
+            ax.axhline(2.0 ** -24, ls=":", color="gray", label="float32 rounding (2^-24)")
+            if control:
+                ax.axhline(max(control), ls="--", color="black",
+                           label="untiled float32 attention")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(ranks, [str(x) for x in ranks])
+            ax.set_xlabel("MPI ranks (partials merged)")
+            ax.set_title(f"|O - O_float64| / max|O_float64|, {what}", fontsize=9)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("error against the float64 reference")
+        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+        p0 = errors[0]
+        fig.suptitle(f"numerics: S_kv = {p0['seq_len']}, h_kv={p0['heads_kv']}, "
+                     f"d={p0['head_dim']}, T_q={p0['queries']}", fontsize=9)
+        save(fig, "numerics_error.png")
+
     for kind, field in SWEEP_FIELDS.items():
         pts = [p for p in points if p["study"] == kind]
         if not pts:

@@ -18,14 +18,17 @@ POINT_KEYS = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_r
 COLUMNS = (("run_id", "repeat", "status") + POINT_KEYS
            + tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
            + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
-              "wall_s", "finished_at", "host", "error"))
+              "wall_s", "finished_at", "host", "error", "err_p50", "err_p99",
+              "control_rel_err"))
 STATUSES = ("ok", "check_failed", "failed", "timeout")
-LEGACY = tuple(c for c in COLUMNS if c != "steps")
+LEGACY = tuple(c for c in COLUMNS
+               if c not in ("steps", "err_p50", "err_p99", "control_rel_err"))
 """The columns of a study written before the decode loop (one step per run)."""
 
 
 STATUSES = ("ok", "check_failed", "failed", "timeout")
-LEGACY = tuple(c for c in COLUMNS if c != "steps")
+LEGACY = tuple(c for c in COLUMNS
+               if c not in ("steps", "err_p50", "err_p99", "control_rel_err"))
 """The columns of a study written before the decode loop (one step per run)."""
 
 
@@ -68,7 +71,7 @@ def read_results(path: str, repair: bool = False) -> List[Dict]:
     for n, fields in enumerate(reader, start=2):
         row = dict(zip(columns, fields)) if len(fields) == len(columns) else {None: fields}
         if columns is LEGACY and None not in row:
-            row["steps"] = "1"
+            row.update(steps="1", err_p50="", err_p99="", control_rel_err="")
         if _row_ok(row) and not (cut and n == len(lines)):
             rows.append(row)
         elif not (cut and n == len(lines)):
@@ -112,8 +115,10 @@ def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> D
             row[f"{phase}_{stat}"] = timings.get(phase, {}).get(stat, "")
     row["messages"], row["bytes"] = rec.messages, rec.bytes
     row["peak_rss_max_mib"] = rec.peak_rss_mib["max"]
-    row["max_rel_err"] = "" if rec.check is None else rec.check.max_rel_err
-    row["passed"] = "" if rec.check is None else rec.check.passed
+    check = rec.check
+    for key in ("max_rel_err", "passed", "err_p50", "err_p99", "control_rel_err"):
+        value = None if check is None else getattr(check, key)
+        row[key] = "" if value is None else value
     return row
 
 
@@ -132,6 +137,8 @@ def medians(rows: Iterable[Dict]) -> List[Dict]:
         for key in ("ranks", "seq_len", "tile"):
             m[key] = int(m[key])
         m["repeats"] = len(rs)
+        for key in ("max_rel_err", "err_p50", "err_p99", "control_rel_err"):
+            m[key] = f"{float(m[key]):.3g}" if m.get(key) not in (None, "") else "-"
         out.append(m)
     return sorted(out, key=lambda m: (m["study"], m["ranks"], str(m["tile"]), m["wire"],
                                       m["reduce_schedule"], m["grid"]))
@@ -159,6 +166,16 @@ def summarise(rows: List[Dict], stream) -> None:
     attention + reduction + finalize), ``local`` the slowest local sweep, and
     ``beyond`` their difference: what the reduction costs on top of the local work."""
     points = scaling(medians(rows))
+    errors = [p for p in points if p["study"] == "numerics"]
+    points = [p for p in points if p["study"] != "numerics"]
+    if errors:
+        stream.write(f"{'ranks':>5} {'reduce':>15} {'wire':>6} {'max_rel_err':>11} "
+                     f"{'p99':>9} {'p50':>9} {'float32 control':>15}\n")
+        for p in errors:
+            stream.write(f"{p['ranks']:>5} {p['reduce_schedule']:>15} {p['wire']:>6} "
+                         + " ".join(f"{p[k]:>{w}}" for k, w in (
+                             ("max_rel_err", 11), ("err_p99", 9), ("err_p50", 9),
+                             ("control_rel_err", 15))) + "\n")
     if not points:
         return
     stream.write(f"{'study':>6} {'ranks':>5} {'S_kv':>9} {'tile':>5} {'wire':>6} "

@@ -13,7 +13,7 @@ from typing import Dict, Optional
 
 from ...app.outputs import Interrupted
 from ...app.record import RunRecord
-from .plan import Point, launch_command, plan
+from .plan import Point, launch_command, plan, words
 from .results import append_row, read_results, row_from_record, summarise
 
 
@@ -112,7 +112,7 @@ def run_point(point: Point, repeat: int, launcher: Optional[str], timeout: float
 def run_study(args, base) -> int:
     """Run (or resume) the study ``args`` describes around the config ``base``."""
     points = plan(args.kind, base, args.ranks, args.tokens_per_rank, args.values,
-                  tuple(args.extra))
+                  tuple(args.extra), words(args.reduces), words(args.wires))
     runs = [(p, r) for p in points for r in range(args.repeats)]
     done = {(r["run_id"], int(r["repeat"])) for r in read_results(args.out, repair=True)
             if r["status"] == "ok"}
