@@ -76,3 +76,11 @@ def test_json_round_trip_is_strict_and_says_its_units(tmp_path):
 def test_a_record_of_another_format_is_refused():
     with pytest.raises(ValueError, match="not a gqa_mpi.run"):
         RunRecord.from_json(dict(format="something/1"))
+
+
+def test_beyond_local_is_the_step_past_its_slowest_sweep():
+    a = [dict(local_attention=0.3, reduce=0.05), dict(local_attention=0.1, reduce=0.25)]
+    b = [dict(local_attention=0.2, reduce=0.12), dict(local_attention=0.3, reduce=0.02)]
+    rec = RunRecord(config=Config(steps=2).placed(2), isa="none",
+                    ranks=[stats(0, 0, 0, steps=a), stats(1, 0, 0, steps=b)])
+    assert rec.beyond_local() == pytest.approx([0.35 - 0.3, 0.35 - 0.3])

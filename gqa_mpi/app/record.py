@@ -176,6 +176,14 @@ class RunRecord:
         """Seconds of each decode step, as its slowest rank saw it."""
         return [max(s) for s in zip(*(r.step_seconds() for r in self.ranks))]
 
+    def beyond_local(self) -> List[float]:
+        """Seconds each step took beyond its slowest local sweep: what the reduction
+        adds to the step (the ``reduce`` phase also holds a rank's wait for slower
+        neighbours to finish their sweeps, which this leaves out)."""
+        local = [max(s) for s in zip(*([st.get("local_attention", 0.0) for st in r.steps]
+                                        for r in self.ranks))]
+        return [t - lo for t, lo in zip(self.step_latency(), local)]
+
     def latency(self) -> Dict[str, float]:
         """p50 / p90 / p99 / max over the steps of :meth:`step_latency`."""
         lat = np.asarray(self.step_latency())
