@@ -44,17 +44,24 @@ def refuse_nonfinite(comm: MPI.Comm, tensors) -> None:
         raise inputs.InputError(f"{found[0]} (pass --allow-nonfinite to accept it)")
 
 
-def new_tokens(cfg: Config, rank: int, step: int):
-    """K and V rows ``(B, n, h_kv*d)`` of the tokens ``rank`` takes after step ``step``."""
-    first = cfg.cache_len(step)
-    mine = [t - first for t in range(first, first + cfg.queries) if cfg.owner(t) == rank]
+def new_tokens(cfg: Config, rank: int):
+    """``{step: (k_rows, v_rows)}``: the tokens ``rank`` takes after each step but the
+    last, ``(B, n, h_kv*d)`` each, drawn before the loop so that no rank generates
+    inputs between timed steps."""
+    first, last = cfg.seq_len, cfg.cache_len(cfg.steps - 1)
+    mine = [t for t in range(first, last) if cfg.owner(t) == rank]
     if not mine:
-        return None
+        return {}
     k, v = (np.asarray(inputs.GeneratedRows(cfg.seed, name, cfg.B, cfg.final_len,
-                                            cfg.heads_kv * cfg.head_dim, first + mine[0],
-                                            first + mine[-1] + 1)) for name in "kv")
-    pick = [t - mine[0] for t in mine]
-    return k[:, pick], v[:, pick]
+                                            cfg.heads_kv * cfg.head_dim, mine[0],
+                                            mine[-1] + 1)) for name in "kv")
+    out = {}
+    for step in range(cfg.steps - 1):
+        pick = [t - mine[0] for t in mine
+                if cfg.cache_len(step) <= t < cfg.cache_len(step + 1)]
+        if pick:
+            out[step] = k[:, pick], v[:, pick]
+    return out
 
 
 def run(comm: MPI.Comm, cfg: Config) -> int:
@@ -71,6 +78,7 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
     try:
         rank = Rank.load(cfg, topo, q, k, v)
         del q, k, v
+        future = new_tokens(cfg, topo.rank)
         for step in range(cfg.steps):
             result = rank.step(step, step_queries(cfg, step) if step else None)
             output = result.output
@@ -84,10 +92,8 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
                     checked.append(step)
                 with watchdog.waiting(f"rank 0 (check of step {step})"):
                     wait_for_root(topo.comm)     # untimed: the next step starts together
-            if step + 1 < cfg.steps:
-                rows = new_tokens(cfg, topo.rank, step)
-                if rows is not None:
-                    rank.append(*rows)
+            if step in future:
+                rank.append(*future.pop(step))
         record, trace = gather_record(cfg, topo, rank, nonfinite)
     finally:
         topo.free()
