@@ -99,15 +99,23 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     if errors:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
         ranks = sorted({p["ranks"] for p in errors})
-        pairs = sorted({(p["reduce_schedule"], p["wire"]) for p in errors})
+        pairs = sorted({(p["reduce_schedule"], p["wire"]) for p in errors},
+                       key=lambda rw: (rw[1], rw[0]))
         control = [float(p["control_rel_err"]) for p in errors if p["control_rel_err"] != "-"]
+        wires = sorted({w for _, w in pairs})
+        reduces = sorted({r for r, _ in pairs})
+        colour = {w: f"C{i}" for i, w in enumerate(wires)}           # colour: the wire
+        style = {r: (m, ls) for r, m, ls in zip(                     # marker: the schedule
+            reduces, "osD^vx*+", ["-", "--", "-.", ":", "-", "--", "-.", ":"])}
         for ax, key, what in ((axes[0], "max_rel_err", "largest element"),
                               (axes[1], "err_p50", "median element")):
             for reduce, wire in pairs:
                 pts = sorted((p for p in errors if (p["reduce_schedule"], p["wire"])
                               == (reduce, wire)), key=lambda p: p["ranks"])
-                ax.plot([p["ranks"] for p in pts], [float(p[key]) for p in pts], "o-",
-                        label=f"{reduce}, {wire}", ms=3)
+                marker, line = style[reduce]
+                ax.plot([p["ranks"] for p in pts], [float(p[key]) for p in pts],
+                        marker=marker, ls=line, color=colour[wire], ms=4, lw=1,
+                        label=f"{wire} wire, {reduce}")
             ax.axhline(2.0 ** -24, ls=":", color="gray", label="float32 rounding (2^-24)")
             if control:
                 ax.axhline(max(control), ls="--", color="black",
