@@ -10,7 +10,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 def test_sixteen_rank_suite():
     cmd = mpirun_command(16, [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi",
-                              "-q", "-p", "no:cacheprovider", "-x",
+                              "-q", "-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-x",
                               os.path.join(HERE, "test_mpi.py")])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
                           cwd=os.path.dirname(HERE))
