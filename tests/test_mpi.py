@@ -257,3 +257,32 @@ def test_a_schedule_added_in_one_file(C, P):
             assert "star (every rank sends" in record.config.schedule.describe(record.config.layout)
     finally:
         SCHEDULES.unregister("star")
+
+
+@pytest.mark.parametrize("reduce,wire", [(s.name, s.default_wire) for s in SCHEDULES]
+                         + [("pipelined-chain", "bf16"), ("alltoall", "kernel")])
+def test_trace_covers_every_schedule(reduce, wire):
+    """Every message in the timeline has its arrow; a collective shows as one span."""
+    comm = sub_world(15)
+    if comm == MPI.COMM_NULL:
+        return
+    cfg = Config(cubes=3, pes=5, seq_len=300, heads_q=4, heads_kv=2, head_dim=8, tile=16,
+                 reduce=reduce, wire=wire, trace="unused.json").placed(15)
+    q, k, v = (inputs.generate(2, n, 1, size, width)[0] for n, size, width in
+               (("q", 1, 32), ("k", 300, 16), ("v", 300, 16)))
+    start, stop = cfg.tokens(comm.rank)
+    result = decode(q, k[start:stop], v[start:stop], cfg, comm=comm)
+    if comm.rank == 0:
+        doc = result.trace["traceEvents"]
+        sends = [e for e in doc if e.get("cat") == "message" and e["args"]["op"] == "send"]
+        recvs = [e for e in doc if e.get("cat") == "message" and e["args"]["op"] == "recv"]
+        arrows = [e for e in doc if e.get("ph") == "s"]
+        assert len(sends) == len(recvs) == len(arrows)
+        spans = {e["name"] for e in doc if e.get("cat") == "chain"}
+        if cfg.schedule.depth(cfg.layout) is None:          # a collective
+            assert not sends and spans == {next(iter(cfg.schedule.steps(cfg.layout, 1))).op}
+        else:
+            assert sends and spans and len(sends) == result.record.messages
+            if cfg.schedule.chunks:                          # statistics, then the pieces
+                assert {"statistics", "piece 0", "piece 3"} <= spans
+    comm.Free()
