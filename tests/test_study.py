@@ -188,6 +188,10 @@ def test_a_damaged_header_is_refused_not_rerun(tmp_path):
     (["--out", "/nonexistent/s.csv"], "does not exist"),
     (["--out", "/dev/null"], "character device"),
     (["--launcher", "no-such-launcher -n {n}"], "is not a command found on PATH"),
+    (["--kind", "numerics", "--reduces", "mpi", "--wires", "fp32"], "no schedule of"),
+    (["--kind", "reduce", "--wire", "fp32"], "--reduce mpi carries only --wire packed"),
+    (["--kind", "tile", "--tiles", "64,x"], "not a list of tile values"),
+    (["--heads-q", "5"], "--heads-q 5 is not a multiple"),
 ])
 def test_bad_study_arguments_are_one_line(capsys, args, words):
     from gqa_mpi import study
@@ -202,3 +206,23 @@ def test_summary_of_a_missing_file_is_one_line(capsys, tmp_path):
     assert study.main(["summary", str(tmp_path / "nope.csv")]) == 2
     err = capsys.readouterr().err
     assert "no such results file" in err and len(err.strip().splitlines()) == 1
+
+
+def test_numerics_study_and_its_plot(tmp_path):
+    out = tmp_path / "num.csv"
+    proc = subprocess.run(STUDY + ["run", "--kind", "numerics", "--ranks", "3", *TINY,
+                                   "--repeats", "1", "--reduces", "chain,allgather",
+                                   "--wires", "fp32,bf16", "--steps", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = {(r["reduce_schedule"], r["wire"]): r for r in rows(out)}
+    assert set(got) == {("chain", "fp32"), ("chain", "bf16"), ("allgather", "fp32")}
+    assert all(r["steps"] == "2" and r["status"] == "ok" for r in got.values())
+    assert float(got["chain", "fp32"]["max_rel_err"]) < 2e-6
+    assert 1e-4 < float(got["chain", "bf16"]["max_rel_err"]) < 2e-2
+    assert float(got["chain", "bf16"]["err_p50"]) < float(got["chain", "bf16"]["err_p99"])
+    assert "max_rel_err" in proc.stdout                     # the error table
+    plot = subprocess.run(STUDY + ["plot", str(out)], capture_output=True, text=True,
+                          timeout=120)
+    assert plot.returncode == 0, plot.stderr
+    assert (tmp_path / "num_numerics_error.png").stat().st_size > 10000
