@@ -65,7 +65,7 @@ def test_same_seed_same_output_at_any_rank_count(tmp_path):
     args = ["--seq-len", 3001, "--heads-q", 8, "--heads-kv", 4, "--head-dim", 32,
             "--queries", 2, "--seed", 11, "--tile", 128]
     outs = []
-    for n in (1, 5, 16):
+    for n in (1, 16):
         o = tmp_path / f"o{n}.npy"
         proc = launch(n, args + ["--output", o])
         assert proc.returncode == 0, proc.stdout + proc.stderr

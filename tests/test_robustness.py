@@ -59,7 +59,7 @@ def test_leftover_probe_sees_a_live_run():
 
 @pytest.mark.parametrize("point", ["local_attention", "reduce"])
 def test_sigkill_mid_run_ends_the_job(point):
-    proc = launch(8, ["--seq-len", 100000, "--seed", MARK, "--quiet"], timeout=60,
+    proc = launch(4, ["--seq-len", 50000, "--seed", MARK, "--quiet"], timeout=60,
                   env={"GQA_MPI_FAULT": f"kill:3:{point}"})
     ended = time.time()
     killed = float(re.search(r"injecting fault kill at \w+, t=([\d.]+)", proc.stderr).group(1))
@@ -447,7 +447,7 @@ def test_repeated_runs_are_bit_identical(tmp_path):
     for i in range(2):
         o = tmp_path / f"o{i}.npy"
         for reduce in ("chain", "tree"):
-            proc = launch(6, ["--seq-len", 5000, "--seed", 3, "--reduce", reduce,
+            proc = launch(3, ["--seq-len", 5000, "--seed", 3, "--reduce", reduce,
                               "--output", o])
             assert proc.returncode == 0
             outs.append((reduce, o.read_bytes()))

@@ -101,7 +101,7 @@ def _root_checks(given: dict) -> tuple:
 
 
 def _output_checks(cfg: Config) -> Optional[str]:
-    """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.outputs`)."""
+    """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.app.outputs`)."""
     inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
               if cfg.inputs is not None else [])
     shape = (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim)
@@ -150,7 +150,7 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
 def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
     """Refuse, on every rank, a run whose ranks on some host would not fit its memory.
 
-    Each rank estimates its own peak from the configuration (:mod:`gqa_mpi.sizing`);
+    Each rank estimates its own peak from the configuration (:mod:`gqa_mpi.app.sizing`);
     the ranks of one host add theirs up and compare with ``--max-memory`` or the
     host's available memory.
     """

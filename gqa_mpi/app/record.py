@@ -15,6 +15,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .. import __version__
+from ..core.trace import STEP_PHASES
 from .config import Config
 
 FORMAT = "gqa_mpi.run/2"
@@ -25,7 +26,6 @@ PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
 the decode step proper from resident slices to the output. With several decode steps,
 a rank's figure for a step phase is its median over the steps (the steady state)."""
 
-STEP_PHASES = ("local_attention", "reduce", "finalize")
 
 UNITS = dict(timings="s", bytes="B", peak_rss_mib="MiB", created="UTC, ISO 8601")
 

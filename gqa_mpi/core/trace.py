@@ -3,7 +3,7 @@
 :class:`Recorder` always keeps the seconds spent per phase; with ``events=True`` it
 also keeps one duration event per phase, chain step, tile and message, in the
 ``{"traceEvents": [...]}`` format that Perfetto and chrome://tracing open.
-Timestamps are microseconds since ``origin``, which the driver takes right after a
+Timestamps are microseconds since ``origin``, which each rank takes right after a
 barrier, so every rank's timeline starts together.
 """
 from __future__ import annotations
@@ -11,6 +11,10 @@ from __future__ import annotations
 import time
 from contextlib import contextmanager
 from typing import Dict, List, Optional
+
+
+STEP_PHASES = ("local_attention", "reduce", "finalize")
+"""The phases of one decode step, timed per step (``finalize`` on the root only)."""
 
 
 class Recorder:

@@ -30,10 +30,6 @@ from .exchange import execute
 from .faults import inject
 from .topology import Topology
 
-STEP_PHASES = ("local_attention", "reduce", "finalize")
-"""The phases of one decode step, timed per step."""
-
-
 @dataclass
 class StepResult:
     """What one rank knows after one step."""
@@ -42,7 +38,7 @@ class StepResult:
     """O in the layout of Q, float32; the root only."""
     traffic: Traffic
     timings: Dict[str, float]
-    """Seconds of each phase of :data:`STEP_PHASES` this rank ran."""
+    """Seconds of each step phase (:data:`gqa_mpi.core.trace.STEP_PHASES`) it ran."""
     scores_nonfinite: bool
     """Some score of this rank's sweep was NaN or +inf (float32 overflow, or NaN input)."""
 

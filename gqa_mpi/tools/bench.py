@@ -283,7 +283,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
-        args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 2
+        args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 1
     try:
         tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
         ranks = [] if args.ranks == "none" else _sizes(args.ranks)
