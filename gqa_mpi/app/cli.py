@@ -32,7 +32,7 @@ EXIT_CRASH = 4
 """A rank failed unexpectedly (a bug, or a lost node) and the job was aborted."""
 
 DESCRIPTION = """\
-Emulate one decode step of the accelerator's long-context GQA kernel on MPI.
+Emulate decode steps of the accelerator's long-context GQA kernel on MPI.
 
 Every MPI rank plays one PE of one cube (rank = cube * P + pe) and holds a
 contiguous slice of the KV cache. It sweeps its slice in tiles with an online
@@ -52,6 +52,8 @@ examples:
   mpirun -n 4 python -m gqa_mpi --inputs DIR --output o.npy --json run.json
   mpirun -n 16 python -m gqa_mpi --trace t.json       timeline for ui.perfetto.dev
   mpirun -n 16 python -m gqa_mpi --kernel-faithful    the kernel's own arithmetic
+  mpirun -n 16 python -m gqa_mpi --steps 20 --placement round-robin --reduce allgather
+                                                      a decode loop, vLLM-style
   python -m gqa_mpi                                    one rank (C = P = 1)
 
 --inputs DIR reads q.npy (T_q, h_q*d) and k.npy, v.npy (S_kv, h_kv*d), or 3-D with

@@ -354,9 +354,17 @@ class Config:
         return self.cache_len(self.steps)
 
     def appended(self, rank: int, steps: Optional[int] = None) -> int:
-        """New tokens ``rank`` takes in the appends after the first ``steps`` steps."""
-        steps = self.steps if steps is None else steps
-        return sum(self.owner(t) == rank for t in range(self.seq_len, self.cache_len(steps)))
+        """New tokens ``rank`` takes in the appends after the first ``steps`` steps
+        (counted, not enumerated: any number of steps costs the same)."""
+        a, b = self.seq_len, self.cache_len(self.steps if steps is None else steps)
+        block = self.block
+        if block is None:
+            return b - a if rank == self.n_ranks - 1 else 0
+
+        def before(x: int) -> int:     # tokens t < x with (t // block) % n == rank
+            cycle = block * self.n_ranks
+            return x // cycle * block + min(max(x % cycle - rank * block, 0), block)
+        return before(b) - before(a)
 
     def checked(self, step: int) -> bool:
         """Whether step ``step`` is checked (every ``check_every``-th, and the last)."""
