@@ -20,7 +20,7 @@ def __getattr__(name):  # MPI is initialised on first use of the API, not on imp
         from .app.decode import decode
         return decode
     if name == "Config":
-        from .app.config import Config
+        from .core.config import Config
         return Config
     if name == "RunRecord":
         from .app.record import RunRecord

@@ -12,7 +12,7 @@ from mpi4py import MPI  # noqa: E402
 
 from gqa_mpi import decode  # noqa: E402
 from gqa_mpi.app.cli import build_parser  # noqa: E402
-from gqa_mpi.app.config import Config  # noqa: E402
+from gqa_mpi.core.config import Config  # noqa: E402
 from gqa_mpi.core import inputs, kernels  # noqa: E402
 from gqa_mpi.core.grid import DIRECTIONS, Grid  # noqa: E402
 from gqa_mpi.core.reference import attention_reference  # noqa: E402

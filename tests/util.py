@@ -1,6 +1,7 @@
 """Helpers shared by the tests: launching real MPI runs, writing inputs."""
 import json
 import os
+import signal
 import subprocess
 
 import numpy as np
@@ -14,12 +15,27 @@ from gqa_mpi.tools.launcher import gqa_command
 TIMEOUT = 120
 
 
+def run_bounded(cmd, timeout=TIMEOUT, **kw):
+    """``subprocess.run(cmd)`` with output captured, in a session of its own, so that on
+    timeout the launcher and every rank it started are killed (the ranks hold the
+    pipes: killing the launcher alone would leave the wait hanging)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True, **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s:\n"
+                                 f"{(out + err)[-3000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
 def launch(n, args, timeout=TIMEOUT, **kw):
     """Run ``mpirun -n n python -m gqa_mpi args``; the CompletedProcess, or fail on timeout."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.update(kw.pop("env", {}))
-    return subprocess.run(gqa_command(n, [str(a) for a in args]), capture_output=True,
-                          text=True, timeout=timeout, env=env, **kw)
+    return run_bounded(gqa_command(n, [str(a) for a in args]), timeout=timeout, env=env, **kw)
 
 
 def write_inputs(directory, q, k, v):

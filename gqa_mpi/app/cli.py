@@ -20,10 +20,10 @@ from mpi4py import MPI  # noqa: E402
 
 from .. import __version__  # noqa: E402
 from ..core.inputs import InputError, inspect_inputs  # noqa: E402
-from ..core.kernels import select as select_kernel  # noqa: E402
 from ..mpi import faults, watchdog  # noqa: E402
 from . import sizing  # noqa: E402
-from .config import Config, add_arguments  # noqa: E402
+from ..core.config import Config  # noqa: E402
+from .options import add_arguments  # noqa: E402
 from .outputs import Interrupted, check_paths, npy_bytes  # noqa: E402
 from .run import run  # noqa: E402
 
@@ -77,7 +77,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: one option per :class:`~gqa_mpi.app.config.Config` field."""
+    """The command line: one option per :class:`~gqa_mpi.core.config.Config` field."""
     p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"gqa_mpi {__version__}")
@@ -136,7 +136,7 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
         given.update(problem)
     try:
         cfg = Config(**given).placed(comm.size)
-        select_kernel(cfg.kernel)          # --kernel fused where it cannot load: one line
+        cfg.local_kernel                   # --kernel fused where it cannot load: one line
     except ValueError as e:
         raise UsageError(str(e)) from None
     with watchdog.waiting("rank 0 (checking output paths)"):

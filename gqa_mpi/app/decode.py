@@ -33,7 +33,7 @@ from ..core.trace import chrome_trace
 from ..mpi import watchdog
 from ..mpi.step import Rank
 from ..mpi.topology import Topology
-from .config import Config
+from ..core.config import Config
 from .record import RankStats, RunRecord
 
 
@@ -108,7 +108,7 @@ def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm]
     comm : MPI communicator, default ``MPI.COMM_WORLD``
         Its ranks play the PEs: ``C x P`` must equal its size.
     **options
-        :class:`~gqa_mpi.app.config.Config` fields: ``heads_kv`` (or ``head_dim``),
+        :class:`~gqa_mpi.core.config.Config` fields: ``heads_kv`` (or ``head_dim``),
         ``tile``, ``kernel``, ``reduce``, ``wire``, ``cubes``, ``pes``, ``causal``, ...
     """
     comm = MPI.COMM_WORLD if comm is None else comm

@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import __version__
 from ..core.trace import STEP_PHASES
-from .config import Config
+from ..core.config import Config
 
 FORMAT = "gqa_mpi.run/2"
 """The record's format; bumped when a field changes meaning."""

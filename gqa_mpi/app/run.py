@@ -16,7 +16,7 @@ from ..mpi.step import Rank
 from ..mpi.topology import Topology
 from . import outputs, report
 from .check import check_output, step_queries
-from .config import Config
+from ..core.config import Config
 from .decode import gather_record
 
 

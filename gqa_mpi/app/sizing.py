@@ -8,7 +8,6 @@ whatever the sizes asked for.
 from __future__ import annotations
 
 import os
-import re
 from typing import Optional
 
 from ..core.kernels import CHUNK
@@ -61,19 +60,6 @@ def available_bytes() -> Optional[int]:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
         return None
-
-
-def parse_size(text: str) -> int:
-    """``"64G"``, ``"512M"``, ``"1.5T"`` or plain bytes -> bytes."""
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*", str(text), re.I)
-    if not m:
-        raise ValueError(f"expected a size such as 64G or 512M, got {text!r}")
-    unit = (m.group(2) or "B").upper()[0]
-    value = float(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30,
-                                 "T": 1 << 40}[unit]
-    if value < 1:
-        raise ValueError(f"a memory size must be at least 1 byte, got {text!r}")
-    return int(value)
 
 
 def fmt(n: float) -> str:

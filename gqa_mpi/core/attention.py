@@ -19,7 +19,7 @@ from typing import Callable, NamedTuple, Optional
 import numpy as np
 
 __all__ = [
-    "Partial", "empty_partial", "merge", "fold_queries", "unfold_output",
+    "Partial", "empty_partial", "rescale", "merge", "fold_queries", "unfold_output",
     "local_attention", "causal_limits", "finalize",
 ]
 
@@ -55,18 +55,27 @@ def _shift(m: np.ndarray) -> np.ndarray:
     return np.where(np.isneginf(m), np.float32(0), m)
 
 
+def rescale(ms):
+    """The common max of several running maxima and each one's factor onto it.
+
+    ``ms`` is a sequence of ``m`` arrays (or one array stacked on axis 0); returns
+    ``(m, [e^(m_i - m)])``. Every exponent is ``<= 0``, so nothing overflows however
+    far apart the maxima are, and a row no partial has seen (all ``-inf``) gets factors
+    of 0, never NaN. This is the merge's arithmetic, written once: :func:`merge` and
+    every reduction that merges more than two partials at a time use it.
+    """
+    m = np.maximum.reduce(ms)
+    shift = _shift(m)
+    with np.errstate(invalid="ignore"):  # NaN or +inf m (overflowed scores) stay NaN
+        return m, [np.exp(mi - shift) for mi in ms]
+
+
 def merge(a: Partial, b: Partial) -> Partial:
     """Merge two partials (SPEC "Per-rank work", step 3); never produces NaN.
 
     ``m' = max(m1, m2)``, ``l' = l1 e^(m1-m') + l2 e^(m2-m')`` and the same for O.
-    Each exponent is ``<= 0``, so nothing overflows however far apart the two
-    log-sum-exps are.
     """
-    m = np.maximum(a.m, b.m)
-    shift = _shift(m)
-    with np.errstate(invalid="ignore"):  # NaN or +inf m (overflowed scores) stay NaN
-        ea = np.exp(a.m - shift)
-        eb = np.exp(b.m - shift)
+    m, (ea, eb) = rescale([a.m, b.m])
     l = a.l * ea + b.l * eb
     O = a.O * ea[..., None] + b.O * eb[..., None]
     return Partial(m, l, O)

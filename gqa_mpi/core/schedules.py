@@ -32,20 +32,14 @@ from .wires import WIRES, Loss, Wire
 
 
 class Step(NamedTuple):
-    """One action of one rank: ``op`` is 'recv', 'send' or a collective over all ranks
-    (:data:`COLLECTIVES`); ``dir`` names the link (a SPEC direction, 'tree', ...);
-    ``peer`` is the other rank (the root for a collective)."""
+    """One action of one rank: ``op`` is 'recv', 'send' or a collective's ``op`` over
+    all ranks; ``dir`` names the link: a SPEC direction (the message then travels on
+    that direction's communicator), or another name ('tree') for a peer that is not a
+    grid neighbour; ``peer`` is the other rank (the root for a collective)."""
 
     op: str
     dir: str
     peer: int
-
-
-COLLECTIVES = ("reduce", "allgather", "alltoall")
-"""Collective steps: ``reduce``, one MPI.Reduce of the packed partial with the merge
-as its operator; ``allgather``, an all-gather of (m, l), each rank rescaling its own
-O, then an MPI.Reduce(SUM) of O; ``alltoall``, the rows (heads) of the partial split
-over the ranks, one all-to-all, each rank merging its rows, then a gather."""
 
 
 @dataclass
@@ -82,7 +76,7 @@ class Schedule:
         partial is ready (messages wait in order, so receiving them costs nothing more).
         """
         steps = [self.steps(grid, r) for r in range(grid.size)]
-        if any(s.op in COLLECTIVES for ss in steps for s in ss):
+        if any(s.op not in ("send", "recv") for ss in steps for s in ss):
             return None
         ready: List[Optional[int]] = [None] * grid.size
         stack = [0]
@@ -160,7 +154,12 @@ class Tree(Schedule):
 
 
 class Collective(Schedule):
-    """One collective step over all ranks (none on one rank)."""
+    """One collective step over all ranks (none on one rank), run by the executor
+    registered under ``op`` in :mod:`gqa_mpi.mpi.exchange`: ``reduce``, one MPI.Reduce
+    of the packed partial with the merge as its operator; ``allgather``, an all-gather
+    of (m, l), each rank rescaling its own O, then an MPI.Reduce(SUM) of O;
+    ``alltoall``, the rows (heads) of the partial split over the ranks, one all-to-all,
+    each rank merging its rows, then a gather."""
 
     op = ""
 

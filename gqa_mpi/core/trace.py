@@ -60,12 +60,14 @@ class Recorder:
             self._event(f"tile {index}", "tile", t0, t1, dict(tokens=[start, stop]))
 
     def message(self, op: str, direction: str, peer: int, tensor: str, nbytes: int,
-                t0: float, t1: float) -> None:
+                t0: float, t1: float, comm: str = "") -> None:
+        """A send or receive of ``tensor`` with ``peer`` (a world rank), on the
+        communicator named ``comm``."""
         if self.events is not None:
             self._event(f"{op} {tensor} {'to' if op == 'send' else 'from'} {direction}",
                         "message", t0, t1,
                         dict(op=op, dir=direction, peer=peer, tensor=tensor,
-                             bytes=nbytes, seq=self.seq))
+                             bytes=nbytes, seq=self.seq, comm=comm))
             self.seq += 1
 
 

@@ -99,7 +99,7 @@ def _cast(x: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def _uncast(buf: np.ndarray, fmt: str) -> np.ndarray:
-    return from_bf16(buf) if fmt == "bfloat16" else buf.astype(np.float32)
+    return from_bf16(buf) if fmt == "bfloat16" else buf.astype(np.float32, copy=False)
 
 
 class Wire:
@@ -134,20 +134,33 @@ class Wire:
         """A receive buffer for tensor ``index``."""
         return np.empty(shape, dtype=FORMATS[self.formats[index]])
 
+    packed = False
+    """Whether the three tensors travel as one message (``mlO``) instead of three."""
+
     def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
         """The buffers of one hop, in send order, and what casting to them lost."""
-        bufs = [(name, self.cast(i, x)) for i, (name, x) in enumerate(zip("mlO", p))]
-        if not self.lossy:
-            return bufs, Loss()
-        return bufs, cast_loss(p, self.decode(bufs, p))
+        cast = [self.cast(i, x) for i, x in enumerate(p)]
+        loss = cast_loss(p, Partial(*(self.uncast(i, b) for i, b in enumerate(cast)))) \
+            if self.lossy else Loss()
+        if self.packed:
+            return [("mlO", np.concatenate([b.ravel() for b in cast]))], loss
+        return list(zip("mlO", cast)), loss
 
     def buffers(self, like: Partial) -> Buffers:
         """Empty buffers for one incoming hop, shaped like ``like``."""
+        if self.packed:
+            return [("mlO", self.empty(0, like.m.size + like.l.size + like.O.size))]
         return [(name, self.empty(i, x.shape)) for i, (name, x) in enumerate(zip("mlO", like))]
 
     def decode(self, bufs: Buffers, like: Partial) -> Partial:
         """The float32 partial held by ``bufs`` (the inverse of :meth:`encode`)."""
-        return Partial(*(self.uncast(i, b) for i, (_, b) in enumerate(bufs)))
+        if self.packed:
+            flat = bufs[0][1]
+            bounds = np.cumsum([0, like.m.size, like.l.size, like.O.size])
+            parts = [flat[a:b].reshape(x.shape) for a, b, x in zip(bounds, bounds[1:], like)]
+        else:
+            parts = [b for _, b in bufs]
+        return Partial(*(self.uncast(i, b) for i, b in enumerate(parts)))
 
 
 WIRES: Registry[Wire] = Registry("--wire")
@@ -176,17 +189,11 @@ WIRES.alias("fp16-stats", "kernel")
 
 @WIRES.register
 class Packed(Wire):
+    """float32 like fp32, with the three tensors in one message: one latency a hop."""
+
     name = "packed"
     help = "m, l, O in one float32 message per hop"
-
-    def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
-        return [("mlO", pack(p))], Loss()
-
-    def buffers(self, like: Partial) -> Buffers:
-        return [("mlO", np.empty(like.m.size + like.l.size + like.O.size, np.float32))]
-
-    def decode(self, bufs: Buffers, like: Partial) -> Partial:
-        return unpack(bufs[0][1], like)
+    packed = True
 
 
 @WIRES.register

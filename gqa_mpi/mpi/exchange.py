@@ -1,111 +1,140 @@
 """Executing a reduction schedule (:mod:`gqa_mpi.core.schedules`) on MPI.
 
 Tensor data travels with the buffer methods (``Send``/``Recv``, ``Reduce``,
-``Allgather``, ``Alltoallv``, ``Gatherv``), never pickled. :func:`execute` returns the
-merged partial (the total at the root) and this rank's
-:class:`~gqa_mpi.core.schedules.Traffic`: messages and bytes it sent (a collective
-counts once, with the bytes this rank put in), and what the wire lost.
+``Allgather``, ``Alltoallv``, ``Gatherv``), never pickled. A step whose ``dir`` is one
+of SPEC's directions travels on that direction's communicator
+(:meth:`gqa_mpi.mpi.topology.Topology.link`: the cube's for ``intra_*``, the
+inter-cube one for ``E``/``W``); any other step (the tree's) on the ``(C, P)``
+communicator. :func:`execute` returns the merged partial (the total at the root) and
+this rank's :class:`~gqa_mpi.core.schedules.Traffic`: messages and bytes it sent (a
+collective counts once, with the bytes this rank put in), and what the wire lost.
+
+A collective schedule (``Collective.op``) runs the executor registered here under its
+``op`` with :func:`collective`; adding one is its class and one such function.
 """
 from __future__ import annotations
 
 import time
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
-from ..core.attention import Partial, merge
-from ..core.grid import Grid
+from ..core.attention import Partial, merge, rescale
+from ..core.grid import DIRECTIONS
 from ..core.partition import token_range
 from ..core.schedules import Schedule, Step, Traffic
 from ..core.trace import Recorder
 from ..core.wires import TAGS, Loss, Wire, as_message, pack, unpack
 from . import watchdog
+from .topology import Topology
+
+Executor = Callable[[MPI.Comm, Partial, Wire, int], Tuple[Partial, Traffic]]
+EXECUTORS: Dict[str, Executor] = {}
 
 
-def execute(comm: MPI.Comm, partial: Partial, schedule: Schedule, grid: Grid, wire: Wire,
+def collective(op: str):
+    """Register ``fn(comm, partial, wire, root) -> (partial, traffic)`` as the executor
+    of collective schedules whose ``op`` is ``op``."""
+    def register(fn: Executor) -> Executor:
+        EXECUTORS[op] = fn
+        return fn
+    return register
+
+
+def execute(topo: Topology, partial: Partial, schedule: Schedule, wire: Wire,
             recorder: Optional[Recorder] = None) -> Tuple[Partial, Traffic]:
     """Run this rank's steps of ``schedule`` on ``partial``; return the merged partial
     and this rank's traffic. ``recorder`` traces each step and each message."""
-    rec = recorder or Recorder(comm.rank)
-    steps = schedule.steps(grid, comm.rank)
-    collective = {"reduce": _reduce, "allgather": _allgather, "alltoall": _alltoall}
-    if steps and steps[0].op in collective:
+    rec = recorder or Recorder(topo.rank)
+    steps = schedule.steps(topo.grid, topo.rank)
+    if steps and steps[0].op not in ("send", "recv"):
         with rec.span(steps[0].op, "chain"), watchdog.waiting(f"all ranks ({steps[0].op})"):
-            return collective[steps[0].op](comm, partial, wire, steps[0].peer)
+            return EXECUTORS[steps[0].op](topo.comm, partial, wire, steps[0].peer)
     if schedule.chunks:
-        return _pipelined(comm, partial, steps, wire, schedule.chunks, rec)
-    return _point_to_point(comm, partial, steps, wire, rec)
+        return _pipelined(topo, partial, steps, wire, schedule.chunks, rec)
+    return _point_to_point(topo, partial, steps, wire, rec)
 
 
 class _Link:
-    """Sends and receives of one rank, counted and traced."""
+    """Sends and receives of one rank on the communicator each step's direction names,
+    counted and traced."""
 
-    def __init__(self, comm: MPI.Comm, rec: Recorder):
-        self.comm, self.rec = comm, rec
+    def __init__(self, topo: Topology, rec: Recorder):
+        self.topo, self.rec = topo, rec
         self.messages = self.bytes = 0
         self.loss = Loss()
 
+    def _route(self, step: Step) -> Tuple[MPI.Comm, int]:
+        if step.dir in DIRECTIONS:
+            return self.topo.link(step.dir)
+        return self.topo.comm, step.peer
+
     def send(self, step: Step, name: str, buf: np.ndarray) -> None:
+        comm, rank = self._route(step)
         t0 = time.perf_counter()
         with watchdog.waiting(f"rank {step.peer} ({step.dir}) to take {name}"):
-            self.comm.Send(as_message(buf), dest=step.peer, tag=TAGS[name])
+            comm.Send(as_message(buf), dest=rank, tag=TAGS[name])
         self.messages, self.bytes = self.messages + 1, self.bytes + buf.nbytes
-        self.rec.message("send", step.dir, step.peer, name, buf.nbytes, t0, time.perf_counter())
+        self.rec.message("send", step.dir, step.peer, name, buf.nbytes, t0,
+                         time.perf_counter(), comm.Get_name())
 
     def recv(self, step: Step, name: str, buf: np.ndarray) -> np.ndarray:
+        comm, rank = self._route(step)
         t0 = time.perf_counter()
         with watchdog.waiting(f"rank {step.peer} ({step.dir}, {name})"):
-            self.comm.Recv(as_message(buf), source=step.peer, tag=TAGS[name])
-        self.rec.message("recv", step.dir, step.peer, name, buf.nbytes, t0, time.perf_counter())
+            comm.Recv(as_message(buf), source=rank, tag=TAGS[name])
+        self.rec.message("recv", step.dir, step.peer, name, buf.nbytes, t0,
+                         time.perf_counter(), comm.Get_name())
         return buf
+
+    def send_all(self, step: Step, bufs) -> None:
+        for name, buf in bufs:
+            self.send(step, name, buf)
+
+    def recv_all(self, step: Step, bufs):
+        return [(name, self.recv(step, name, buf)) for name, buf in bufs]
 
     def traffic(self) -> Traffic:
         return Traffic(self.messages, self.bytes, self.loss)
 
 
-def _point_to_point(comm, partial: Partial, steps: List[Step], wire: Wire,
+def _point_to_point(topo: Topology, partial: Partial, steps: List[Step], wire: Wire,
                     rec: Recorder) -> Tuple[Partial, Traffic]:
-    link = _Link(comm, rec)
+    link = _Link(topo, rec)
     for i, step in enumerate(steps):
         with rec.span(f"{step.op} {step.dir}", "chain", step=i, peer=step.peer):
             if step.op == "recv":
-                bufs = [(name, link.recv(step, name, buf)) for name, buf in wire.buffers(partial)]
+                bufs = link.recv_all(step, wire.buffers(partial))
                 partial = merge(partial, wire.decode(bufs, partial))
             else:
                 bufs, lost = wire.encode(partial)
                 link.loss = link.loss + lost
-                for name, buf in bufs:
-                    link.send(step, name, buf)
+                link.send_all(step, bufs)
     return partial, link.traffic()
 
 
-def _pipelined(comm, partial: Partial, steps: List[Step], wire: Wire, chunks: int,
+def _pipelined(topo: Topology, partial: Partial, steps: List[Step], wire: Wire, chunks: int,
                rec: Recorder) -> Tuple[Partial, Traffic]:
     """A schedule whose ranks receive, then send once, run with O in ``chunks`` pieces.
 
-    First the statistics: ``m`` and ``l`` of every child, merged, go up at once. Then
-    piece by piece: each child's piece of O, put on the merged scale and added, goes up
-    before the next piece is received, so the levels of the tree work at the same time.
+    First the statistics: ``m`` and ``l`` of every child, merged, go up at once (as the
+    wire groups them). Then piece by piece: each child's piece of O, put on the merged
+    scale and added, goes up before the next piece is received, so the levels of the
+    tree work at the same time.
     """
-    link = _Link(comm, rec)
+    link = _Link(topo, rec)
     recvs = [s for s in steps if s.op == "recv"]
     send = next((s for s in steps if s.op == "send"), None)
-    ms, ls = [partial.m], [partial.l]
+    stats = Partial(partial.m, partial.l, np.zeros(0, np.float32))
     with rec.span("statistics", "chain"):
-        for step in recvs:
-            ms.append(wire.uncast(0, link.recv(step, "m", wire.empty(0, partial.m.shape))))
-            ls.append(wire.uncast(1, link.recv(step, "l", wire.empty(1, partial.l.shape))))
-        m = np.maximum.reduce(ms)
-        shift = np.where(np.isneginf(m), np.float32(0), m)
-        with np.errstate(invalid="ignore"):        # NaN m (overflowed scores) stays NaN
-            scales = [np.exp(mi - shift) for mi in ms]
-        l = sum(li * e for li, e in zip(ls, scales))
+        got = [wire.decode(link.recv_all(step, wire.buffers(stats)), stats) for step in recvs]
+        m, scales = rescale([partial.m] + [g.m for g in got])
+        l = sum(li * e for li, e in zip([partial.l] + [g.l for g in got], scales))
         if send is not None:
-            bufs, lost = wire.encode(Partial(m, l, np.zeros(0, np.float32)))
+            bufs, lost = wire.encode(Partial(m, l, stats.O))
             link.loss = link.loss + lost
-            for name, buf in bufs[:2]:
-                link.send(send, name, buf)
+            link.send_all(send, bufs)
     d = partial.O.shape[-1]
     rows = partial.O.reshape(-1, d)
     out = np.empty_like(rows)
@@ -127,6 +156,7 @@ def _pipelined(comm, partial: Partial, steps: List[Step], wire: Wire, chunks: in
     return Partial(m, l, out.reshape(partial.O.shape)), link.traffic()
 
 
+@collective("reduce")
 def _reduce(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Traffic]:
     """MPI.Reduce of the packed partial, with the merge as a user-defined operator."""
     def merge_op(inbuf, inoutbuf, datatype):
@@ -144,6 +174,7 @@ def _reduce(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Tra
     return (unpack(recv, partial), traffic) if comm.rank == root else (partial, traffic)
 
 
+@collective("allgather")
 def _allgather(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Traffic]:
     """All-gather of (m, l); each rank puts its O on the common scale; a SUM of O."""
     ml = np.concatenate([partial.m.ravel(), partial.l.ravel()]).astype(np.float32)
@@ -151,18 +182,16 @@ def _allgather(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, 
     comm.Allgather(ml, every)
     ms = every[:, :partial.m.size].reshape((comm.size,) + partial.m.shape)
     ls = every[:, partial.m.size:].reshape((comm.size,) + partial.l.shape)
-    m = ms.max(axis=0)
-    shift = np.where(np.isneginf(m), np.float32(0), m)
-    with np.errstate(invalid="ignore"):
-        l = (ls * np.exp(ms - shift)).sum(axis=0)
-        mine = np.ascontiguousarray(partial.O * np.exp(partial.m - shift)[..., None],
-                                    dtype=np.float32)
+    m, scales = rescale(ms)
+    l = sum(li * e for li, e in zip(ls, scales))
+    mine = np.ascontiguousarray(partial.O * scales[comm.rank][..., None], dtype=np.float32)
     total = np.empty_like(mine) if comm.rank == root else None
     comm.Reduce(mine, total, op=MPI.SUM, root=root)
     traffic = Traffic(2, ml.nbytes + mine.nbytes)
     return (Partial(m, l, total), traffic) if comm.rank == root else (partial, traffic)
 
 
+@collective("alltoall")
 def _alltoall(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Traffic]:
     """Rows split over the ranks, one all-to-all per tensor, a merge, then a gather."""
     n, d = comm.size, partial.O.shape[-1]

@@ -8,7 +8,7 @@ schedule (the kernel's chain by default: row chain and column bridge in each cub
 then the inter-cube chain), and the root computes ``O / l``. Between steps the new
 tokens a rank takes are appended to its cache.
 
-``cfg`` is a placed :class:`gqa_mpi.app.config.Config`; this module reads it and
+``cfg`` is a placed :class:`gqa_mpi.core.config.Config`; this module reads it and
 never builds one.
 """
 from __future__ import annotations
@@ -20,9 +20,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..core.config import Config
 from ..core.attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
 from ..core.kernel_model import kernel_operands, kernel_output
-from ..core.kernels import append, make_resident, select
+from ..core.kernels import append, make_resident
 from ..core.schedules import Traffic
 from ..core.trace import Recorder
 from . import watchdog
@@ -47,7 +48,7 @@ class StepResult:
 class Rank:
     """One rank's PE across decode steps: its resident cache and what it measured."""
 
-    cfg: object
+    cfg: Config
     topo: Topology
     start: int
     """Global index of its first initial token."""
@@ -64,7 +65,7 @@ class Rank:
     scores_nonfinite: bool = False
 
     @classmethod
-    def load(cls, cfg, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> "Rank":
+    def load(cls, cfg: Config, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> "Rank":
         """Warm the reduction path up, then make this rank's slice resident.
 
         ``q_in`` is ``(B, T_q, h_q*d)`` float32; ``k_rows``, ``v_rows`` are this rank's
@@ -73,7 +74,7 @@ class Rank:
         at a time, so loading never holds the slice twice.
         """
         start, _ = cfg.tokens(topo.rank)
-        kernel, note = select(cfg.kernel)
+        kernel, note = cfg.local_kernel
         rank = cls(cfg, topo, start, kernel=kernel, kernel_note=note,
                    recorder=Recorder(topo.rank, events=cfg.trace is not None,
                                      tiles=cfg.trace_tiles))
@@ -81,8 +82,7 @@ class Rank:
         with watchdog.waiting("a neighbour (warm-up)"):
             # MPI sets a connection up on the first message between two ranks; a decode
             # step of a running model finds them set up, so the timed step should too
-            execute(topo.comm, empty_partial(1, 1, 1, 1), cfg.schedule, cfg.layout,
-                    cfg.wire_format)
+            execute(topo, empty_partial(1, 1, 1, 1), cfg.schedule, cfg.wire_format)
         watchdog.rendezvous(topo.comm, "the start of the step")
         rank.recorder.start()  # a common origin for every rank's clock
         with rank.recorder.phase("inputs", tokens=[start, start + k_rows.shape[1]]):
@@ -138,8 +138,7 @@ class Rank:
         with rec.phase("reduce", wire=cfg.wire_format.name, schedule=cfg.reduce, step=index):
             watchdog.phase("reduce")
             inject("reduce", topo.rank)
-            partial, traffic = execute(topo.comm, partial, cfg.schedule, cfg.layout,
-                                       cfg.wire_format, rec)
+            partial, traffic = execute(topo, partial, cfg.schedule, cfg.wire_format, rec)
         t2 = time.perf_counter()
         times["reduce"] = t2 - t1
         if topo.is_root:

@@ -1,21 +1,82 @@
 """Communicators and neighbours: one rank is one (cube, PE); nothing else lives here.
 
 The geometry (places, direction names, short last rows) is
-:class:`gqa_mpi.core.grid.Grid`'s; this module builds the communicators for it. One
-Cartesian communicator over (cube, pe) with ``reorder=False``, so that its ranks are
-the world's; ``intra`` (the PEs of one cube, rank = pe) and ``inter`` (one PE index
-across all cubes, rank = cube) are cut from it with ``Sub``. ``E``/``W`` come from
-``inter.Shift``. A 2D Cartesian PE grid cannot express a short last row, so the grid
-directions are taken along ``intra`` from the geometry, and tests cross-check them
-against a full ``(C, rows, cols)`` Cartesian topology.
+:class:`gqa_mpi.core.grid.Grid`'s; this module builds the design card's communicators
+for it and resolves a direction name to ``(communicator, rank)`` in one place,
+:meth:`Topology.link`:
+
+``comm``
+    One Cartesian communicator over ``(cube, pe)``, ``reorder=False`` so its ranks are
+    the world's. Schedules whose peers are not grid neighbours (the tree, the
+    collectives) use it.
+``cube``
+    The PEs of this cube, cut from ``comm`` with ``Sub``; rank = pe. Its topology is a
+    2-D Cartesian ``rows x cols`` when every row is full (also a single row of fewer
+    than ``cols`` PEs), and ``Shift`` gives ``intra_E/W/N/S``. A short last row cannot
+    be said by a Cartesian grid, so there it is a distributed graph holding each PE's
+    real neighbours, each edge weighted by its direction (:data:`WEIGHTS`): the
+    topology's own neighbour lists say who sits where.
+``inter``
+    This PE index across all cubes, cut from ``comm`` with ``Sub``: 1-D Cartesian,
+    rank = cube; ``Shift`` gives ``W`` and ``E``.
+
+Every communicator is named (``MPI_Comm_set_name``), so a profiling interposer or a
+trace sees on which one each message travelled.
+
+Worked example, 2 cubes of 6 PEs (rows 0: PEs 0-3, row 1: PEs 4-5): rank 9 is cube 1,
+PE 3; ``cube`` is a graph (row 1 is short); ``intra_W`` = (cube, 2), ``intra_S`` none,
+``W`` = (inter, 0), i.e. world rank 3.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, NamedTuple
 
 from mpi4py import MPI
 
 from ..core.grid import DIRECTIONS, Grid
+
+WEIGHTS = {"intra_E": 1, "intra_W": 2, "intra_S": 3, "intra_N": 4}
+"""Edge weight of each intra-cube direction in the distributed-graph topology."""
+
+
+class Link(NamedTuple):
+    """Where a direction leads: the communicator to send on and the rank in it."""
+
+    comm: MPI.Comm
+    rank: int
+
+    @property
+    def exists(self) -> bool:
+        return self.rank != MPI.PROC_NULL
+
+
+def _cube_topology(line: MPI.Cartcomm, grid: Grid) -> MPI.Comm:
+    """A cube's communicator with the PE grid as its topology (see the module doc)."""
+    rows, cols = grid.rows_used, grid.cols_used
+    if rows * cols == grid.pes:
+        return line.Create_cart([rows, cols], periods=[False, False], reorder=False)
+    place = grid.place(line.rank)           # a short last row: the real neighbours
+    pe = line.rank
+    edges = [(grid.neighbour(place.cube * grid.pes + pe, d), WEIGHTS[d]) for d in WEIGHTS]
+    edges = [(other % grid.pes, w) for other, w in edges if other is not None]
+    ranks, weights = [r for r, _ in edges], [w for _, w in edges]
+    return line.Create_dist_graph_adjacent(ranks, ranks, sourceweights=weights,
+                                           destweights=weights, reorder=False)
+
+
+def _intra_links(cube: MPI.Comm) -> Dict[str, int]:
+    """``intra_*`` direction -> rank in ``cube``, read off the cube's topology."""
+    if cube.Get_topology() == MPI.CART:
+        south_north = cube.Shift(0, 1)                     # (source, dest) = (N, S)
+        west_east = cube.Shift(1, 1)
+        return {"intra_N": south_north[0], "intra_S": south_north[1],
+                "intra_W": west_east[0], "intra_E": west_east[1]}
+    out = dict.fromkeys(WEIGHTS, MPI.PROC_NULL)
+    _, dests, (_, weights) = cube.Get_dist_neighbors()
+    by_weight = {w: d for d, w in WEIGHTS.items()}
+    for rank, w in zip(dests, weights):
+        out[by_weight[w]] = rank
+    return out
 
 
 class Topology:
@@ -24,33 +85,51 @@ class Topology:
     Attributes
     ----------
     comm : MPI.Cartcomm
-        Dims ``(C, P)``, ranks equal to the world's; all traffic goes here.
-    intra, inter : MPI.Cartcomm
-        Sub-communicators: the PEs of this cube, and this PE index across cubes.
+        Dims ``(C, P)``, ranks equal to the world's.
+    cube : MPI.Cartcomm or MPI.Distgraphcomm
+        The PEs of this cube, rank = pe (see the module doc for its topology).
+    inter : MPI.Cartcomm
+        This PE index across cubes, rank = cube.
     place : Place
         ``(cube, pe, row, col)`` of this rank.
-    neighbours : dict
-        Direction name -> rank in ``comm``, ``MPI.PROC_NULL`` where there is none.
     """
 
     def __init__(self, comm: MPI.Comm, grid: Grid):
         self.grid = grid
         self.comm = comm.Create_cart([grid.cubes, grid.pes], periods=[False, False],
                                      reorder=False)
-        self.intra = self.comm.Sub([False, True])
+        line = self.comm.Sub([False, True])
+        try:
+            self.cube = _cube_topology(line, grid)
+        finally:
+            line.Free()
         self.inter = self.comm.Sub([True, False])
         self.place = grid.place(self.comm.rank)
-
-        def to_comm(sub: MPI.Comm, rank: int) -> int:
-            return MPI.Group.Translate_ranks(sub.Get_group(), [rank], self.comm.Get_group())[0]
-
+        self.comm.Set_name("gqa_mpi.world")
+        self.cube.Set_name("gqa_mpi.cube")
+        self.inter.Set_name("gqa_mpi.inter")
         west, east = self.inter.Shift(0, 1)
-        self.neighbours: Dict[str, int] = {"E": to_comm(self.inter, east),
-                                           "W": to_comm(self.inter, west)}
-        for direction in DIRECTIONS[:4]:
-            other = grid.neighbour(self.comm.rank, direction)
-            self.neighbours[direction] = (MPI.PROC_NULL if other is None
-                                          else to_comm(self.intra, other % grid.pes))
+        self._links: Dict[str, Link] = {"E": Link(self.inter, east),
+                                        "W": Link(self.inter, west)}
+        for direction, rank in _intra_links(self.cube).items():
+            self._links[direction] = Link(self.cube, rank)
+
+    def link(self, direction: str) -> Link:
+        """``(communicator, rank)`` of the neighbour in ``direction`` (SPEC's names);
+        the rank is ``MPI.PROC_NULL`` where there is none."""
+        try:
+            return self._links[direction]
+        except KeyError:
+            raise ValueError(f"not a direction: {direction!r} (one of "
+                             f"{', '.join(DIRECTIONS)})") from None
+
+    def world_rank(self, direction: str) -> int:
+        """The neighbour in ``direction`` as a rank of ``comm`` (PROC_NULL if none)."""
+        link = self.link(direction)
+        if not link.exists:
+            return MPI.PROC_NULL
+        return MPI.Group.Translate_ranks(link.comm.Get_group(), [link.rank],
+                                         self.comm.Get_group())[0]
 
     @property
     def rank(self) -> int:
@@ -61,5 +140,5 @@ class Topology:
         return self.comm.rank == 0
 
     def free(self) -> None:
-        for c in (self.intra, self.inter, self.comm):
+        for c in (self.cube, self.inter, self.comm):
             c.Free()

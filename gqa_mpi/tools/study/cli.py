@@ -10,7 +10,8 @@ import sys
 from dataclasses import fields
 from typing import Dict
 
-from ...app.config import Config, _grid, add_arguments
+from ...app.options import add_arguments
+from ...core.config import Config, parse_grid
 from ...app.outputs import Interrupted, check_paths
 from ...core.schedules import SCHEDULES
 from ...core.wires import WIRES
@@ -99,7 +100,7 @@ def settings(given: Dict):
     kw = {k: values.pop(k) for k in CONFIG_FIELDS if k in values}
     try:
         if isinstance(kw.get("grid"), str):
-            kw["grid"] = _grid(kw["grid"])
+            kw["grid"] = parse_grid(kw["grid"])
         base = Config(**kw)
     except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
         raise StudyError(str(e))

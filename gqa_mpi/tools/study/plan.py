@@ -1,4 +1,4 @@
-"""A study's points: one base :class:`~gqa_mpi.app.config.Config` and, per point, a
+"""A study's points: one base :class:`~gqa_mpi.core.config.Config` and, per point, a
 rank count and ``dataclasses.replace`` of it. No launching here."""
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import sys
 from dataclasses import dataclass, replace
 from typing import Dict, List, Optional, Tuple
 
-from ...app.config import Config, _grid
+from ...core.config import Config, parse_grid
 from ...core.schedules import SCHEDULES
 from ...core.wires import WIRES
 from ..launcher import mpirun_command
 
 KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid", "numerics")
 SWEEPS = {"tile": ("tile", "tiles", int), "wire": ("wire", "wires", str),
-          "reduce": ("reduce", "reduces", str), "grid": ("grid", "grids", _grid)}
+          "reduce": ("reduce", "reduces", str), "grid": ("grid", "grids", parse_grid)}
 """Sweep kind -> (the Config field it varies, the study option listing the values,
 how one value is read)."""
 

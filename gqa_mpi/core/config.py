@@ -1,8 +1,10 @@
-"""Every knob of a run, declared once: :class:`Config` is checked on construction and
-generates the command line (:func:`add_arguments`) and its help, with the real defaults.
+"""Every knob of a run, declared once: :class:`Config` is checked on construction; the
+command line and its help are generated from its fields (:mod:`gqa_mpi.app.options`).
+No MPI here.
 
-Each field carries its group (``problem``, ``layout``, ``algorithm``, ``outputs``) and
-how the command line spells it (:func:`opt`); its docstring is its help. Choices come
+Each field carries its group (``problem``, ``layout``, ``algorithm``, ``outputs``), how
+its text is read and written (``parse``/``format``, :func:`opt`); its docstring is its
+help. Choices come
 from the type (``Literal``) or from a registry (schedules, wires), read when the
 parser is built. Dependent defaults live here: ``wire=None`` means the schedule's own
 wire, or the kernel's float16 wire with ``kernel_faithful``; ``cubes``/``pes`` left out
@@ -14,61 +16,67 @@ and all ranks leave together.
 """
 from __future__ import annotations
 
-import argparse
-import ast
 import functools
-import inspect
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Dict, List, Literal, Optional, Tuple, get_args, get_origin, get_type_hints
+import re
+from dataclasses import dataclass, field, fields, replace
+from typing import Dict, List, Literal, Optional, Tuple
 
-from ..core.grid import Grid
-from ..core.kernels import KERNELS
-from ..core.partition import rank_tokens
-from ..core.schedules import SCHEDULES, Schedule
-from ..core.wires import WIRES, Wire
-from .sizing import parse_size
+from .grid import Grid
+from .kernels import KERNELS, select
+from .partition import Placement, rank_tokens
+from .schedules import SCHEDULES, Schedule
+from .wires import WIRES, Wire
 
-GROUPS = {
-    "layout": "layout (C x P must equal the number of MPI ranks)",
-    "problem": "problem (generated unless --inputs is given)",
-    "algorithm": "algorithm",
-    "outputs": "outputs and run control",
-}
-
-
-def opt(default, group: str, *, metavar: Optional[str] = None, parse=None,
+def opt(default, group: str, *, metavar: Optional[str] = None, parse=None, format=str,
         choices=None, shown: Optional[str] = None):
-    """A config field: its default, its help group, and how the command line reads it.
+    """A config field: its default, its help group, and how its text is read and written.
 
-    ``parse`` turns the option's text into the value; ``choices`` is the registry of
-    the accepted names (read when the parser is built, each entry's help joining the
+    ``parse`` turns the option's text into the value (raising ValueError);
+    ``format`` is its inverse, for JSON and command lines; ``choices`` is the registry
+    of the accepted names (read when the parser is built, each entry's help joining the
     option's); ``shown`` is the default as the help prints it, for dependent defaults.
     """
     return field(default=default, metadata=dict(group=group, metavar=metavar, parse=parse,
-                                                 choices=choices, shown=shown))
+                                                 format=format, choices=choices, shown=shown))
 
 
-def _grid(text: str) -> Tuple[int, int]:
+def parse_grid(text: str) -> Tuple[int, int]:
+    """``"2x4"`` -> ``(2, 4)``."""
     try:
-        rows, cols = (int(x) for x in text.lower().split("x"))
+        rows, cols = (int(x) for x in str(text).lower().split("x"))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected ROWSxCOLS such as 2x4, got {text!r}")
+        raise ValueError(f"expected ROWSxCOLS such as 2x4, got {text!r}") from None
     return rows, cols
 
 
-def _counts(text: str) -> Tuple[int, ...]:
+def format_grid(grid: Tuple[int, int]) -> str:
+    return f"{grid[0]}x{grid[1]}"
+
+
+def parse_counts(text: str) -> Tuple[int, ...]:
+    """``"3,0,5"`` -> ``(3, 0, 5)``."""
     try:
-        return tuple(int(x) for x in text.split(","))
+        return tuple(int(x) for x in str(text).split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+        raise ValueError(f"expected comma-separated integers, got {text!r}") from None
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e))
+def format_counts(counts: Tuple[int, ...]) -> str:
+    return ",".join(map(str, counts))
+
+
+def parse_size(text: str) -> int:
+    """``"64G"``, ``"512M"``, ``"1.5T"`` or plain bytes -> bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]i?B?|B)?\s*", str(text), re.I)
+    if not m:
+        raise ValueError(f"expected a size such as 64G or 512M, got {text!r}")
+    unit = (m.group(2) or "B").upper()[0]
+    value = float(m.group(1)) * {"B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30,
+                                 "T": 1 << 40}[unit]
+    if value < 1:
+        raise ValueError(f"a memory size must be at least 1 byte, got {text!r}")
+    return int(value)
 
 
 @dataclass(frozen=True)
@@ -81,14 +89,17 @@ class Config:
     pes: Optional[int] = opt(None, "layout", metavar="P", shown=(
         "the largest divisor of the world size that fits the grid; 16 ranks -> 8"))
     """PEs per cube, 1..rows*cols of the grid; rank = cube * P + pe"""
-    grid: Tuple[int, int] = opt((2, 4), "layout", metavar="RxC", parse=_grid, shown="2x4")
+    grid: Tuple[int, int] = opt((2, 4), "layout", metavar="RxC", parse=parse_grid,
+                                    format=format_grid, shown="2x4")
     """PE grid of one cube, rows x columns; PE pe sits at divmod(pe, cols) and a
     cube's last row may be short"""
     split: Optional[Tuple[int, ...]] = opt(None, "layout", metavar="N0,N1,...",
-                                           parse=_counts, shown="balanced, the first "
+                                           parse=parse_counts, format=format_counts,
+                                           shown="balanced, the first "
                                            "S_kv % n ranks take one more")
     """tokens held by each rank, in rank order, adding up to S_kv"""
-    placement: str = opt("contiguous", "layout", metavar="POLICY")
+    placement: Placement = opt(Placement(None), "layout", metavar="POLICY",
+                               parse=Placement.parse, shown="contiguous")
     """with --steps: which rank takes each new token i of the cache: contiguous (the
     last rank, as Tree Attention), round-robin (rank i mod n, as vLLM's interleave) or
     blocks:B (rank (i // B) mod n, as Helix)"""
@@ -162,7 +173,7 @@ class Config:
     step is always checked)"""
     quiet: bool = opt(False, "outputs")
     """print nothing but errors"""
-    max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=_size,
+    max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=parse_size,
                                     shown="the host's available memory")
     """memory the ranks of one host may use together, e.g. 64G; a run estimated to need
     more is refused before it allocates anything"""
@@ -171,6 +182,8 @@ class Config:
     batch jobs: a stuck rank cannot hold the allocation)"""
 
     def __post_init__(self):
+        # a library caller may give the placement as its text: it is parsed once, here
+        object.__setattr__(self, "placement", Placement.parse(self.placement))
         def positive(name, value, optional=False):
             if optional and value is None:
                 return
@@ -215,11 +228,10 @@ class Config:
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
                              f"{self.seq_len}; they add up to {sum(self.split)}")
-        self.block          # the placement parses
         if self.steps > 1 and self.inputs is not None:
             raise ValueError("--steps generates the tokens it appends; it cannot follow "
                              "--inputs files (run one step on them, or drop --inputs)")
-        if self.steps > 1 and self.causal and self.placement != "contiguous":
+        if self.steps > 1 and self.causal and not self.placement.contiguous:
             raise ValueError(f"--causal masks the newest keys, which --placement "
                              f"{self.placement} spreads over the ranks; use --placement "
                              f"contiguous with --causal")
@@ -326,23 +338,9 @@ class Config:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""
         return rank_tokens(self.seq_len, self.n_ranks, rank, self.split, self.kernel_faithful)
 
-    @property
-    def block(self) -> Optional[int]:
-        """Tokens per block of the placement: None for contiguous, 1 for round-robin."""
-        if self.placement == "contiguous":
-            return None
-        if self.placement == "round-robin":
-            return 1
-        head, _, size = self.placement.partition(":")
-        if head == "blocks" and size.isdigit() and int(size) > 0:
-            return int(size)
-        raise ValueError(f"--placement must be contiguous, round-robin or blocks:B with B "
-                         f"a positive number of tokens, got {self.placement!r}")
-
     def owner(self, token: int) -> int:
         """The rank that takes new token ``token`` (a global index) of the cache."""
-        block = self.block
-        return self.n_ranks - 1 if block is None else token // block % self.n_ranks
+        return self.placement.owner(token, self.n_ranks)
 
     def cache_len(self, step: int) -> int:
         """Tokens in the cache that step ``step`` (from 0) attends to."""
@@ -355,16 +353,9 @@ class Config:
 
     def appended(self, rank: int, steps: Optional[int] = None) -> int:
         """New tokens ``rank`` takes in the appends after the first ``steps`` steps
-        (counted, not enumerated: any number of steps costs the same)."""
-        a, b = self.seq_len, self.cache_len(self.steps if steps is None else steps)
-        block = self.block
-        if block is None:
-            return b - a if rank == self.n_ranks - 1 else 0
-
-        def before(x: int) -> int:     # tokens t < x with (t // block) % n == rank
-            cycle = block * self.n_ranks
-            return x // cycle * block + min(max(x % cycle - rank * block, 0), block)
-        return before(b) - before(a)
+        (all of them by default)."""
+        stop = self.cache_len(self.steps if steps is None else steps)
+        return self.placement.taken(rank, self.n_ranks, self.seq_len, stop)
 
     def checked(self, step: int) -> bool:
         """Whether step ``step`` is checked (every ``check_every``-th, and the last)."""
@@ -373,18 +364,23 @@ class Config:
 
     # ---- serialisation
     def to_json(self) -> Dict:
-        d = asdict(self)
-        d.update(grid=f"{self.grid[0]}x{self.grid[1]}", wire=self.wire_format.name,
-                 split=None if self.split is None else list(self.split))
+        """Every field as JSON: each through its ``format`` (grid ``2x4``, split
+        ``3,0,5``, placement ``blocks:B``), and the wire as it resolves."""
+        d = {f.name: _text(f, getattr(self, f.name)) for f in fields(self)}
+        d["wire"] = self.wire_format.name
         return d
 
     @classmethod
     def from_json(cls, d: Dict) -> "Config":
-        d = {k: v for k, v in d.items() if k in {f.name for f in fields(cls)}}
-        d["grid"] = _grid(d["grid"]) if isinstance(d.get("grid"), str) else tuple(d["grid"])
-        if d.get("split") is not None:
-            d["split"] = tuple(d["split"])
-        return cls(**d)
+        """The inverse of :meth:`to_json` (unknown keys are left out)."""
+        kw = {}
+        for f in fields(cls):
+            if f.name in d:
+                value, parse = d[f.name], f.metadata.get("parse")
+                if parse and isinstance(value, str):
+                    value = parse(value)
+                kw[f.name] = tuple(value) if isinstance(value, list) else value
+        return cls(**kw)
 
     def to_argv(self) -> List[str]:
         """The command-line options that give this config (those off their default)."""
@@ -396,13 +392,25 @@ class Config:
             flag = "--" + f.name.replace("_", "-")
             if isinstance(value, bool):
                 argv.append(flag if value else f"--no-{flag[2:]}")
-            elif f.name == "grid":
-                argv += [flag, f"{value[0]}x{value[1]}"]
-            elif f.name == "split":
-                argv += [flag, ",".join(map(str, value))]
             else:
-                argv += [flag, str(value)]
+                argv += [flag, f.metadata["format"](value)]
         return argv
+
+    @functools.cached_property
+    def local_kernel(self):
+        """``(kernel, note)`` of ``--kernel``, selected once
+        (:func:`gqa_mpi.core.kernels.select`; ValueError where fused cannot load)."""
+        return select(self.kernel)
+
+
+def _text(f, value):
+    """A field's value as JSON holds it: numbers, booleans and None as they are, the
+    rest through the field's ``format``."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if f.name == "split":
+        return list(value)         # JSON's own list; the command line's is "3,0,5"
+    return f.metadata["format"](value)
 
 
 def default_topology(world: int, cubes: Optional[int], pes: Optional[int],
@@ -424,72 +432,3 @@ def default_topology(world: int, cubes: Optional[int], pes: Optional[int],
             raise ValueError(f"--cubes {cubes} does not divide the {world} running ranks")
         pes = world // cubes
     return cubes, pes
-
-
-# ---------------------------------------------------------------- the command line
-
-@functools.lru_cache(maxsize=None)
-def field_docs() -> Dict[str, str]:
-    """Each field's docstring (the string right below it in :class:`Config`)."""
-    try:
-        tree = ast.parse(inspect.getsource(Config))
-    except (OSError, TypeError):  # no source (a frozen build): no help text
-        return {}
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
-def _shown(f) -> str:
-    shown = f.metadata.get("shown")
-    if shown is not None:
-        return shown
-    if isinstance(f.default, bool):
-        return "on" if f.default else "off"
-    return str(f.default)
-
-
-def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = None,
-                  shown: Optional[Dict[str, object]] = None) -> None:
-    """Add one option per :class:`Config` field (or per field in ``names``) to ``parser``,
-    in its group, with the field's docstring and real default as help.
-
-    Options left out of the command line are absent from the namespace
-    (``argparse.SUPPRESS``), so ``Config(**vars(namespace))`` takes the dataclass
-    defaults and the caller can tell what was given. ``shown`` overrides the defaults
-    the help prints (a study's own, say).
-    """
-    hints = get_type_hints(Config)
-    docs = field_docs()
-    shown = shown or {}
-    sections: Dict[str, argparse._ArgumentGroup] = {}
-    for f in fields(Config):
-        if names is not None and f.name not in names:
-            continue
-        group = f.metadata["group"]
-        if group not in sections:
-            sections[group] = parser.add_argument_group(GROUPS[group])
-        kind = hints[f.name]
-        if get_origin(kind) is not Literal and type(None) in get_args(kind):
-            kind = next(a for a in get_args(kind) if a is not type(None))
-        default = shown[f.name] if f.name in shown else _shown(f)
-        text = docs.get(f.name, "")
-        registry = f.metadata.get("choices")
-        if registry is not None:
-            text += ": " + "; ".join(f"{x.name} = {x.help}" for x in registry)
-        kw = dict(default=argparse.SUPPRESS,
-                  help=f"{text} (default: {default})".replace("%", "%%"))
-        if kind is bool:
-            kw["action"] = argparse.BooleanOptionalAction if f.default else "store_true"
-        else:
-            kw["metavar"] = f.metadata.get("metavar")
-            if get_origin(kind) is Literal:
-                kw["choices"] = list(get_args(kind))
-            elif registry is not None:
-                kw["choices"] = registry.names(aliases=True)
-            kw["type"] = f.metadata.get("parse") or (kind if kind in (int, float) else str)
-        sections[group].add_argument("--" + f.name.replace("_", "-"), **kw)
