@@ -25,6 +25,7 @@ from . import sizing  # noqa: E402
 from ..core.config import Config  # noqa: E402
 from .options import add_arguments  # noqa: E402
 from .outputs import Interrupted, check_paths, npy_bytes  # noqa: E402
+from . import kernel_source  # noqa: E402
 from .run import run  # noqa: E402
 
 EXIT_USAGE = 2
@@ -41,7 +42,8 @@ leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
 cube to cube (W). Rank 0 normalises, checks O against a float64 reference and
 prints a report. Exit code: 0 passed, 1 check failed or output not finite, 2 bad
 input or an output that cannot be written, 3 --timeout, 4 a rank failed unexpectedly
-and the job was aborted, 128+N killed by signal N.
+and the job was aborted, 5 the kernel under test (--kernel-source) faulted, 128+N
+killed by signal N.
 """
 
 EPILOG = """\
@@ -143,6 +145,15 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
         error = comm.bcast(_output_checks(cfg) if comm.rank == 0 else None, root=0)
     if error:
         raise UsageError(error)
+    if cfg.kernel_source is not None:
+        try:
+            kernel_source.load(cfg.kernel_source)
+            error = None
+        except ValueError as e:
+            error = str(e)
+        errors = [e for e in comm.allgather(error) if e]   # every rank loads the file
+        if errors:
+            raise UsageError(errors[0])
     error = _memory_check(comm, cfg)
     if error:
         raise UsageError(error)
@@ -195,6 +206,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return EXIT_USAGE
         try:
+            if cfg.kernel_source is not None:
+                return kernel_source.run(comm, cfg)
             return run(comm, cfg)
         except InputError as e:  # raised on every rank alike (see run.refuse_nonfinite)
             if comm.rank == 0:

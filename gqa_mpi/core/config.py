@@ -155,6 +155,14 @@ class Config:
     tail tokens dropped, K and Q read by its reshapes, float16 operands and wire (SPEC
     defects 2-5); the report says how far that lands from exact attention"""
 
+    kernel_source: Optional[str] = opt(None, "algorithm", metavar="FILE[:FUNCTION]",
+                                       shown="none: the emulation's own kernel")
+    """run the kernel's own source instead: every rank loads FILE (any extension) and
+    calls FUNCTION (default: the one whose name ends in _kernel) with SPEC's signature
+    and a tl backed by NumPy and MPI; faults, deadlocks and scratch are reported in the
+    kernel's terms (exit 5 on a fault). gqa_mpi ships a corrected kernel:
+    --kernel-source builtin:corrected"""
+
     # ---- outputs
     output: Optional[str] = opt(None, "outputs", metavar="FILE.npy", shown="none")
     """rank 0 writes O here (layout of Q, float32), atomically"""
@@ -241,6 +249,22 @@ class Config:
                                  f"{self.n_ranks} ranks")
         if self.kernel_faithful:
             self._check_faithful()
+        if self.kernel_source is not None:
+            self._check_source()
+
+    def _check_source(self):
+        """What a kernel of SPEC's signature cannot be asked for."""
+        flag = "--kernel-source"
+        for given, what in ((self.kernel_faithful, "--kernel-faithful (the source is the "
+                             "kernel itself)"), (self.steps > 1, "--steps (one call is one "
+                             "decode step)"), (self.batched, "--batch (the signature has no "
+                             "batch axis)"), (self.causal, "--causal (the signature has no "
+                             "mask)")):
+            if given:
+                raise ValueError(f"{flag} runs the kernel as written; drop {what}")
+        if not isinstance(self.kernel_source, str) or not self.kernel_source:
+            raise ValueError(f"{flag} must be FILE or FILE:FUNCTION, got "
+                             f"{self.kernel_source!r}")
 
     def _check_faithful(self):
         """Refuse what the kernel itself cannot run, rather than hang or misbehave."""
@@ -332,7 +356,8 @@ class Config:
         """The wire a hop carries: the one asked for, or the dependent default."""
         if self.wire is not None:
             return WIRES.get(self.wire)
-        return WIRES.get("kernel" if self.kernel_faithful else self.schedule.default_wire)
+        narrow = self.kernel_faithful or self.kernel_source is not None   # float16 hops
+        return WIRES.get("kernel" if narrow else self.schedule.default_wire)
 
     def tokens(self, rank: int) -> Tuple[int, int]:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""

@@ -55,6 +55,18 @@ class Recorder:
         if self.events is not None:
             self._event(name, cat, t0, time.perf_counter(), args)
 
+    def span_at(self, name: str, cat: str, t0: float, t1: float, args: Dict) -> None:
+        """A span already timed (``perf_counter`` seconds)."""
+        if self.events is not None:
+            self._event(name, cat, t0, t1, args)
+
+    def counter(self, name: str, value: float) -> None:
+        """A sample of a counter track (Perfetto draws it as a graph under the rank)."""
+        if self.events is not None:
+            self.events.append(dict(name=name, ph="C", pid=self.rank, tid=0,
+                                    ts=(time.perf_counter() - self.origin) * 1e6,
+                                    cat="counter", args={name: value}))
+
     def tile(self, index: int, start: int, stop: int, t0: float, t1: float) -> None:
         if self.tiles:
             self._event(f"tile {index}", "tile", t0, t1, dict(tokens=[start, stop]))
