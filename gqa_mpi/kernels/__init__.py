@@ -1,0 +1,1 @@
+"""Kernels in the DSL that ship with gqa_mpi (run with --kernel-source builtin:NAME)."""
