@@ -46,12 +46,17 @@ def test_tail_tokens_and_later_queries_are_ignored():
     q = rng.standard_normal((2, 16))
     k, v = (rng.standard_normal((S + 2, 8)) for _ in "kv")
     base = kernel_reference(q, k[:S], v[:S], h_kv=2, n_ranks=n, tile=4)
-    k[S:], v[S:] = 100.0, 100.0                     # 32 // 3 = 10 each: 2 more dropped
-    assert np.array_equal(kernel_reference(q, k, v, h_kv=2, n_ranks=n, tile=4), base)
+    # 32 tokens: the slices hold 11, 11, 10 and the kernel reads 10 of each, so the
+    # 11th of the first two slices (tokens 10 and 21) is dropped
+    rest = [i for i in range(S + 2) if i not in (10, 21)]
+    kept = kernel_reference(q, k[rest], v[rest], h_kv=2, n_ranks=n, tile=4)
+    k2, v2 = k.copy(), v.copy()
+    k2[[10, 21]], v2[[10, 21]] = 100.0, 100.0
+    assert np.array_equal(kernel_reference(q, k2, v2, h_kv=2, n_ranks=n, tile=4), kept)
     q2 = q.copy()
     q2.ravel()[2 * 2 * d:] = 50.0                   # past the first G*T_q*d values
     assert np.array_equal(kernel_reference(q2, k[:S], v[:S], h_kv=2, n_ranks=n, tile=4), base)
-    assert [kernel_token_range(32, 3, r) for r in range(3)] == [(0, 10), (10, 20), (20, 30)]
+    assert [kernel_token_range(32, 3, r) for r in range(3)] == [(0, 10), (11, 21), (22, 32)]
 
 
 def test_faithful_operands_swept_and_merged_equal_the_model():

@@ -136,7 +136,7 @@ def spec_kernel_model(q, k, v, *, h_kv, n, tile):
     Q = qf[np.arange(rows)[:, None] * d + np.arange(d)[None, :]]
     scores, values = [], []
     for r in range(n):
-        first = r * S_local * width                  # flat start of the rank's slice
+        first = (r * S_local + min(r, np.shape(k)[0] % n)) * width   # its slice's start
         for t0 in range(0, S_local, tile):
             ts = min(tile, S_local - t0)
             base = first + t0 * d

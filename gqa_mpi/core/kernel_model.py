@@ -25,9 +25,17 @@ import numpy as np
 
 
 def kernel_token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
-    """The kernel's split: ``S_local = S_kv // n_ranks`` each, the tail dropped (defect 2)."""
-    S_local = S_kv // n_ranks
-    return rank * S_local, (rank + 1) * S_local
+    """The tokens the kernel reads on ``rank``: the first ``S_local = S_kv // n_ranks`` of
+    the slice its memory holds (SPEC's balanced split, the first ``S_kv % n_ranks`` ranks
+    holding one more), so one token of each of those ranks is dropped (defect 2).
+
+    Mended against the kernel itself run through ``--kernel-source``: the kernel never
+    sees global token indices, only its own slice, so what it drops is the last token
+    of each longer slice, not the tail of the cache.
+    """
+    base, extra = divmod(S_kv, n_ranks)
+    start = rank * base + min(rank, extra)
+    return start, start + base
 
 
 def kernel_operands(q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, *,
@@ -92,8 +100,9 @@ def kernel_reference(q, k, v, *, h_kv: int, n_ranks: int, tile: int) -> np.ndarr
     q_rows = q.ravel()[:G * T_q * d].reshape(G * T_q, d)
     scores, values = [], []
     for r in range(n_ranks):
-        k_flat = k[r * S_local:(r + 1) * S_local].ravel()
-        v_flat = v[r * S_local:(r + 1) * S_local].ravel()
+        a, b = kernel_token_range(k.shape[0], n_ranks, r)
+        k_flat = k[a:b].ravel()
+        v_flat = v[a:b].ravel()
         for s0 in range(0, S_local, tile):
             ts = min(tile, S_local - s0)
             scores.append(q_rows @ k_flat[s0 * d:(s0 + ts) * d].reshape(d, ts))
