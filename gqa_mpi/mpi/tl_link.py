@@ -36,9 +36,9 @@ an exception of its own)."""
 
 TAG_DATA = 77
 STATE, GO = 1, 2
-HEARTBEAT = 0.5
+HEARTBEAT = 0.25
 """Seconds between the reports of a waiting rank (and before its first)."""
-STABLE = 2.0
+STABLE = 1.0
 """Seconds rank 0 sees everyone waiting, unchanged, before it calls it a deadlock."""
 
 

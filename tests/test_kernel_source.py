@@ -1,0 +1,148 @@
+"""``--kernel-source``: kernels run as written on MPI ranks, with their faults, deadlocks
+and numerics reported in their terms. The reference kernel's tests run where
+``../shared/reference/`` exists (as in CI) and skip elsewhere."""
+import json
+import os
+import textwrap
+
+import numpy as np
+import pytest
+
+from util import launch, write_inputs
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REFERENCE = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "reference",
+                                          "_gqa_attention_decode_long.py"))
+needs_reference = pytest.mark.skipif(not os.path.exists(REFERENCE),
+                                     reason=f"the reference kernel is not at {REFERENCE}")
+SMALL = ["--heads-q", 4, "--heads-kv", 1, "--head-dim", 16]
+
+
+def kernel(tmp_path, body):
+    path = tmp_path / "k.py"
+    path.write_text(textwrap.dedent(body))
+    return str(path)
+
+
+def line(proc, head):
+    return next(x for x in proc.stdout.splitlines() if x.startswith(head))
+
+
+@pytest.mark.parametrize("n,grid", [(16, []), (12, []), (15, ["--cubes", 3, "--pes", 5])])
+def test_corrected_kernel_passes_the_exact_check(tmp_path, n, grid):
+    trace = tmp_path / "t.json"
+    proc = launch(n, ["--kernel-source", "builtin:corrected", "--seq-len", 3001,
+                      "--heads-q", 8, "--heads-kv", 2, "--head-dim", 16, "--queries", 2,
+                      "--trace", trace] + grid)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert line(proc, "check").endswith("PASSED")
+    assert "(0 never read)" in line(proc, "read")
+    events = json.loads(trace.read_text())["traceEvents"]
+    calls = [e for e in events if e.get("cat") == "tl"]
+    assert {"tl.load", "tl.dot", "tl.send"} <= {e["name"] for e in calls}
+    assert all(isinstance(e["args"]["line"], int) for e in calls)
+    assert any(e["ph"] == "C" and e["name"] == "scratch" for e in events)
+    sends = [e for e in events if e.get("cat") == "message" and e["args"]["op"] == "send"]
+    assert sends and all(e["args"]["comm"] in ("gqa_mpi.cube", "gqa_mpi.inter")
+                         for e in sends)
+    assert sum(e["ph"] == "s" for e in events) == len(sends)          # one arrow each
+
+
+def test_corrected_kernel_with_fewer_tokens_than_ranks():
+    proc = launch(16, ["--kernel-source", "builtin:corrected", "--seq-len", 10] + SMALL)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert line(proc, "check").endswith("PASSED")
+
+
+@needs_reference
+def test_reference_kernel_passes_on_equal_keys_one_head_and_no_scale(tmp_path):
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4 * 16)).astype(np.float16)
+    k = np.full((4096, 16), 0.25, np.float16)
+    v = rng.standard_normal((4096, 16)).astype(np.float16)
+    d = write_inputs(tmp_path / "in", q, k, v)
+    proc = launch(16, ["--kernel-source", REFERENCE, "--inputs", d, "--head-dim", 16,
+                       "--softmax-scale", 1])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert line(proc, "check").endswith("PASSED")
+
+
+@needs_reference
+def test_reference_kernel_fails_on_random_gqa_and_agrees_with_the_faithful_model(tmp_path):
+    args = ["--seq-len", 5000, "--heads-q", 8, "--heads-kv", 2, "--head-dim", 32]
+    src, model = tmp_path / "src.npy", tmp_path / "model.npy"
+    proc = launch(16, ["--kernel-source", REFERENCE, "--softmax-scale", 1, "--output", src]
+                  + args)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert line(proc, "check").endswith("FAILED")
+    # 312 tokens each, and with h_kv = 2 the reshape reads only half of each row block
+    assert "K 2496 of S_kv=5000 tokens (2504 never read)" in line(proc, "read")
+    faithful = launch(16, ["--kernel-faithful", "--output", model] + args)
+    assert faithful.returncode == 0, faithful.stdout + faithful.stderr
+    a, b = np.load(src), np.load(model)
+    assert np.abs(a - b).max() <= 1e-2 * np.abs(b).max()           # float16 rounding
+
+
+@needs_reference
+def test_reference_kernel_short_row_is_a_fault_not_a_hang():
+    proc = launch(12, ["--kernel-source", REFERENCE, "--seq-len", 1200] + SMALL)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "tl.recv(dir='intra_E'): PE 5 of cube" in proc.stderr
+    assert "would wait here forever" in proc.stderr
+    assert "_gqa_attention_decode_long.py:" in proc.stderr
+
+
+@needs_reference
+def test_reference_kernel_overflows_float16_at_128k_equal_scores(tmp_path):
+    q = np.zeros((1, 4 * 8), np.float16)
+    k = np.zeros((1 << 17, 8), np.float16)
+    v = np.ones((1 << 17, 8), np.float16)
+    d = write_inputs(tmp_path / "in", q, k, v)
+    proc = launch(16, ["--kernel-source", REFERENCE, "--inputs", d, "--head-dim", 8,
+                       "--softmax-scale", 1])
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "inf or NaN first made by" in line(proc, "numerics")
+
+
+FAULTS = {
+    "out of bounds": ("""
+        def oob_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            x = tl.load(k, shape=(S_kv, h_kv * d), dtype="f16")
+        """, "runs past the end of K", ":3)"),
+    "byte count": ("""
+        def size_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            pe = tl.program_id(axis=0)
+            if pe == 1:
+                tl.send(dir="intra_W", src=tl.zeros((3,), "f32"))
+            if pe == 0:
+                tl.recv(dir="intra_E", shape=(3,), dtype="f16")
+        """, "expects 6 bytes (shape (3,) f16), but the message sent has 12 bytes", ":7)"),
+    "own exception": ("""
+        def boom_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 2:
+                {}["nope"]
+        """, "KeyError: 'nope'", "line 4, in boom_kernel"),
+    "deadlock": ("""
+        def dead_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            pe = tl.program_id(axis=0)
+            other = "intra_E" if pe % 2 == 0 else "intra_W"
+            y = tl.recv(dir=other, shape=(4,), dtype="f32")
+            tl.send(dir=other, src=y)
+        """, "rank 3 (cube 0, PE 3) waits in tl.recv(dir='intra_W') at", "k.py:5"),
+    "never received": ("""
+        def lost_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 1:
+                tl.send(dir="intra_W", src=tl.zeros((4,), "f32"))
+        """, "1 message(s) sent with tl.send were never received", ""),
+}
+
+
+@pytest.mark.parametrize("name", list(FAULTS))
+def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
+    body, says, where = FAULTS[name]
+    proc = launch(4, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64] + SMALL,
+                  timeout=30)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert says in proc.stderr and where in proc.stderr
+    assert "Traceback" not in proc.stderr.replace("KeyError", "") or name == "own exception"
+    assert "gqa_mpi/" not in proc.stderr.split("error:", 1)[1] or name != "own exception"

@@ -1,0 +1,217 @@
+"""The kernel DSL's ``tl`` on NumPy (gqa_mpi.core.tl) against SPEC's table, call by call.
+
+Kernels are written here, in a temporary file, so that faults can name their lines.
+"""
+import textwrap
+
+import numpy as np
+import pytest
+
+from gqa_mpi.app.kernel_source import load
+from gqa_mpi.core.tl import Backend, KernelFault, run_kernel
+
+
+def backend(q=None, k=None, v=None, o=None, link=None, source=None, pe=0, cube=0):
+    q = np.zeros((1, 8), np.float16) if q is None else q
+    k = np.zeros((4, 8), np.float16) if k is None else k
+    v = np.zeros_like(k) if v is None else v
+    o = np.zeros_like(q) if o is None else o
+    return Backend(pe, cube, [("Q", q, 0, 0), ("K", k, k.shape[1] * 2, 0),
+                              ("V", v, v.shape[1] * 2, 0), ("O", o, 0, 0)], link, source)
+
+
+def kernel_file(tmp_path, body, name="k"):
+    path = tmp_path / f"{name}.py"
+    path.write_text(textwrap.dedent(body))
+    return load(str(path))
+
+
+def test_float16_ops_stay_float16_numbers_keep_the_dtype_mixed_promotes():
+    tl = backend()
+    a = tl.full((2, 3), 1.5, "f16")
+    b = tl.full((2, 3), 0.25, "f32")
+    assert (a + a).dtype == "f16" and (a * 2).dtype == "f16" and (2.0 - a).dtype == "f16"
+    assert (a + b).dtype == "f32" and (b / a).dtype == "f32"
+    assert (-a).dtype == "f16" and tl.exp(a).dtype == "f16"
+    assert (a / 3).a[0, 0] == np.float16(np.float16(1.5) / np.float16(3))   # rounded once
+
+
+def test_dot_and_sum_accumulate_in_float32_and_round_once():
+    tl = backend()
+    ones = tl.full((1, 4096), 1.0, "f16")
+    col = tl.full((4096, 1), 1.0, "f16")
+    # float16 accumulation would stall at 2048 (its spacing there is 2)
+    assert tl.dot(ones, col).a[0, 0] == 4096 and tl.dot(ones, col).dtype == "f16"
+    assert tl.sum(ones, axis=-1).a[0] == 4096 and tl.sum(ones).dtype == "f16"
+    big = tl.full((1, 2), 40000.0, "f16")
+    assert np.isinf(tl.sum(big).a[0])                        # 80000 > 65504 once rounded
+    assert tl.count.nonfinite and tl.count.nonfinite[0][0] == "sum"
+    assert tl.count.dot_flops == 2 * 2 * 4096
+
+
+def test_row_broadcasting_uses_element_i_for_row_i_even_when_square():
+    tl = backend()
+    want = np.arange(3, dtype=np.float32)
+    got = (tl.zeros((3, 3), "f32") + Tensor_of(tl, want)).a
+    assert np.array_equal(got, np.repeat(want[:, None], 3, axis=1))      # row i: element i
+    ratio = Tensor_of(tl, np.ones((3, 5), np.float32)) / Tensor_of(tl, want + 1)
+    assert np.array_equal(ratio.a, np.ones((3, 5), np.float32) / (want[:, None] + 1))
+    assert np.array_equal(tl.where(Tensor_of(tl, want) > 0, tl.zeros((3, 2), "f32"), 1.0).a,
+                          [[1, 1], [0, 0], [0, 0]])
+
+
+def Tensor_of(tl, a):
+    from gqa_mpi.core.tl import Tensor
+    return Tensor(np.asarray(a), tl)
+
+
+def test_load_is_a_byte_conserving_reshape_not_a_transpose():
+    k = np.arange(24, dtype=np.float16).reshape(3, 8)
+    tl = backend(k=k)
+    got = tl.load(tl.pointer("K"), (8, 3), "f16")
+    assert np.array_equal(got.a, k.reshape(8, 3)) and not np.array_equal(got.a, k.T)
+    row = tl.load(tl.pointer("K") + 2 * 8 * 2, (8,), "f16")          # third token
+    assert np.array_equal(row.a, k[2])
+    assert tl.count.loaded_bytes == 24 * 2 + 8 * 2
+    assert tl.region("K").rows_read() == 3
+
+
+def test_store_converts_to_the_stored_dtype_and_reads_back():
+    tl = backend()
+    x = tl.full((1, 8), 1 / 3, "f32")
+    tl.store(tl.pointer("O"), x)
+    assert tl.region("O").data.dtype == np.float16
+    assert np.array_equal(tl.region("O").data, np.full((1, 8), 1 / 3, np.float16))
+
+
+@pytest.mark.parametrize("call,where", [
+    (lambda tl: tl.load(tl.pointer("K") + 60, (4,), "f16"), "runs past the end of K"),
+    (lambda tl: tl.load(tl.pointer("V") - 2, (1,), "f16"), "outside every tensor"),
+    (lambda tl: tl.store(tl.pointer("O") + 14, tl.zeros((2,), "f32")), "past the end of O"),
+    (lambda tl: tl.load(tl.pointer("Q"), (2,), "f64"), "dtype must be"),
+    (lambda tl: tl.dot(tl.zeros((2, 3)), tl.zeros((2, 3))), "needs (M, K) and (K, N)"),
+    (lambda tl: tl.zeros((2, 3)) + tl.zeros((3, 2)), "do not broadcast"),
+    (lambda tl: tl.copy_to(tl.zeros((2,)), tl.zeros((3,))), "copy_to of (3,) into (2,)"),
+    (lambda tl: tl.reshape(tl.zeros((2, 3)), (4,)), "reshape of (2, 3)"),
+    (lambda tl: tl.program_id(axis=2), "axis must be 0"),
+    (lambda tl: tl.recv(dir="intra_E", shape=(2,)), "no links"),
+])
+def test_each_fault_names_its_call(call, where):
+    with pytest.raises(KernelFault, match=None) as e:
+        call(backend())
+    assert where in e.value.message
+
+
+def test_scratch_is_counted_per_scope_and_persistent_apart():
+    tl = backend()
+    keep = tl.zeros((256,), "f32")                                   # 1 KiB persistent
+    for _ in range(5):
+        with tl.scratch_scope():
+            a = tl.zeros((1024,), "f32")                             # 4 KiB
+            with tl.scratch_scope():
+                tl.copy_to(keep, tl.zeros((256,), "f32") + 1)        # 2 x 1 KiB
+            del a
+    assert tl.count.persistent == 1024
+    assert tl.count.scratch_peak == 4096 + 2 * 1024                  # not 5x that
+    assert tl._live == 0 and np.all(keep.a == 1)
+
+
+def test_every_listed_call_against_numpy():
+    tl = backend()
+    rng = np.random.default_rng(0)
+    a32 = rng.standard_normal((3, 4)).astype(np.float32)
+    a = Tensor_of(tl, a32)
+    assert np.array_equal(tl.trans(a).a, a32.T)
+    assert np.array_equal(a[1:3, 0:2].a, a32[1:3, 0:2])
+    assert np.array_equal(tl.maximum(a, 0.0).a, np.maximum(a32, 0))
+    assert np.array_equal(tl.minimum(a, 0.0).a, np.minimum(a32, 0))
+    assert np.array_equal(tl.where(a > 0, a, 0.0).a, np.where(a32 > 0, a32, 0))
+    assert np.array_equal((a == a).a, np.ones((3, 4), bool)) and (a < a).a.sum() == 0
+    assert np.allclose(tl.log(tl.exp(a)).a, a32, atol=1e-6)
+    assert np.array_equal(tl.max(a, axis=-1).a, a32.max(-1))
+    assert np.array_equal(tl.cast(a, "f16").a, a32.astype(np.float16))
+    assert np.array_equal(tl.full((2,), 7, "f16").a, np.full(2, 7, np.float16))
+    b = tl.zeros((3, 4), "f16")
+    tl.copy_to(b, a)
+    assert b.dtype == "f16" and np.array_equal(b.a, a32.astype(np.float16))
+
+
+class Pipe:
+    """A link between two backends in one process."""
+
+    def __init__(self):
+        self.q = []
+
+    def send(self, direction, a, line):
+        self.q.append(a.tobytes())
+
+    def recv(self, direction, nbytes, line, what):
+        return self.q.pop(0)
+
+
+def test_send_and_recv_carry_values_in_the_sender_dtype():
+    pipe = Pipe()
+    tl = backend(link=pipe)
+    x = tl.full((2, 3), 0.1, "f32")
+    tl.send(dir="intra_W", src=x)
+    y = tl.recv(dir="intra_E", shape=(2, 3), dtype="f32")
+    assert np.array_equal(y.a, x.a)
+    assert tl.count.sent == {"intra_W": [1, 24]} and tl.count.received == {"intra_E": [1, 24]}
+
+
+def test_a_fault_names_the_kernel_files_line(tmp_path):
+    fn, path = kernel_file(tmp_path, """
+        def bad_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            x = tl.load(q, shape=(T_q, h_q * d), dtype="f16")
+            y = tl.load(k, shape=(S_kv + 1, h_kv * d), dtype="f16")
+        """)
+    tl = backend(source=path)
+    with pytest.raises(KernelFault) as e:
+        run_kernel(fn, tl, 1, 4, 1, 1, 8, 1, 1)
+    assert e.value.line == 4 and e.value.call == "load"
+
+
+def test_the_first_inf_is_recorded_with_its_call_and_line(tmp_path):
+    fn, path = kernel_file(tmp_path, """
+        def hot_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            x = tl.full((2,), 20.0, "f16")
+            y = x * 2
+            z = tl.exp(y)
+            w = z + 1
+        """)
+    tl = backend(source=path)
+    run_kernel(fn, tl, 1, 4, 1, 1, 8, 1, 1)
+    assert tl.count.nonfinite == [("exp", 5, 2)]      # e^40 > 65504; z + 1 is not new
+
+
+def test_kernel_files_are_loaded_by_name_or_by_the_kernel_suffix(tmp_path):
+    fn, _ = kernel_file(tmp_path, "def helper(): pass\ndef mine_kernel(*a, tl): pass\n")
+    assert fn.__name__ == "mine_kernel"
+    path = tmp_path / "two.txt"                                   # any extension
+    path.write_text("def a_kernel(*a, tl): pass\ndef b_kernel(*a, tl): pass\n")
+    with pytest.raises(ValueError, match="several kernels"):
+        load(str(path))
+    assert load(f"{path}:b_kernel")[0].__name__ == "b_kernel"
+    with pytest.raises(ValueError, match="no function 'c'"):
+        load(f"{path}:c")
+    with pytest.raises(ValueError, match="no such file"):
+        load(str(tmp_path / "missing.py"))
+    (tmp_path / "broken.py").write_text("def x(:\n")
+    with pytest.raises(ValueError, match="syntax error"):
+        load(str(tmp_path / "broken.py"))
+    assert load("builtin:corrected")[0].__name__ == "gqa_decode_corrected_kernel"
+
+
+def test_the_corrected_kernel_on_one_pe_matches_the_float64_reference():
+    from gqa_mpi.core.reference import attention_reference
+    rng = np.random.default_rng(5)
+    T_q, S, h_q, h_kv, d = 2, 2500, 8, 2, 16
+    q, k, v = (rng.standard_normal(s).astype(np.float16)
+               for s in ((T_q, h_q * d), (S, h_kv * d), (S, h_kv * d)))
+    fn, path = load("builtin:corrected")
+    tl = backend(q, k, v, source=path)
+    run_kernel(fn, tl, T_q, S, h_q, h_kv, d, 1, 1)
+    ref = attention_reference(q[None], k[None], v[None], h_kv=h_kv)[0]
+    out = tl.region("O").data.astype(np.float64)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-3
+    assert tl.count.scratch_peak < 1 << 20 and tl.region("K").rows_read() == S
