@@ -54,6 +54,10 @@ examples:
   mpirun -n 4 python -m gqa_mpi --inputs DIR --output o.npy --json run.json
   mpirun -n 16 python -m gqa_mpi --trace t.json       timeline for ui.perfetto.dev
   mpirun -n 16 python -m gqa_mpi --kernel-faithful    the kernel's own arithmetic
+  mpirun -n 16 python -m gqa_mpi --kernel-source KERNEL.py --softmax-scale 1
+                                                      the kernel's own file, run as written
+  mpirun -n 16 python -m gqa_mpi --kernel-source builtin:corrected
+                                                      the kernel with SPEC's defects fixed
   mpirun -n 16 python -m gqa_mpi --steps 20 --placement round-robin --reduce allgather
                                                       a decode loop, vLLM-style
   python -m gqa_mpi                                    one rank (C = P = 1)
@@ -108,6 +112,8 @@ def _output_checks(cfg: Config) -> Optional[str]:
     """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.app.outputs`)."""
     inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
               if cfg.inputs is not None else [])
+    if cfg.kernel_source is not None:            # the kernel's file is an input too
+        inputs.append(kernel_source.resolve(cfg.kernel_source)[0])
     shape = (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim)
     return check_paths({"--output": cfg.output, "--json": cfg.json, "--trace": cfg.trace},
                        inputs, {"--output": npy_bytes(shape)})
