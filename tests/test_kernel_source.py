@@ -28,7 +28,7 @@ def line(proc, head):
     return next(x for x in proc.stdout.splitlines() if x.startswith(head))
 
 
-@pytest.mark.parametrize("n,grid", [(16, []), (12, []), (15, ["--cubes", 3, "--pes", 5])])
+@pytest.mark.parametrize("n,grid", [(16, []), (15, ["--cubes", 3, "--pes", 5])])
 def test_corrected_kernel_passes_the_exact_check(tmp_path, n, grid):
     trace = tmp_path / "t.json"
     proc = launch(n, ["--kernel-source", "builtin:corrected", "--seq-len", 3001,

@@ -151,14 +151,15 @@ def test_every_schedule_is_safe_when_every_rank_is_empty(C, P):
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
         return
-    grid = Grid(C, P, 4)
+    topo = Topology(comm, Grid(C, P, 4))
     for reduce, wire in SCHEDULE_WIRES:
-        total, traffic = execute(comm, empty_partial(2, 3, 4, 8), SCHEDULES.get(reduce), grid,
+        total, traffic = execute(topo, empty_partial(2, 3, 4, 8), SCHEDULES.get(reduce),
                                  WIRES.get(wire))
         if comm.rank == 0:
             assert np.isneginf(total.m).all() and not total.l.any() and not total.O.any()
             assert not np.isnan(finalize(total)).any() and not finalize(total).any()
         assert traffic.loss.overflow == 0, (reduce, wire)
+    topo.free()
     comm.Free()
 
 

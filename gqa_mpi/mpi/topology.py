@@ -128,8 +128,18 @@ class Topology:
         link = self.link(direction)
         if not link.exists:
             return MPI.PROC_NULL
-        return MPI.Group.Translate_ranks(link.comm.Get_group(), [link.rank],
-                                         self.comm.Get_group())[0]
+        theirs, ours = link.comm.Get_group(), self.comm.Get_group()
+        try:
+            return MPI.Group.Translate_ranks(theirs, [link.rank], ours)[0]
+        finally:
+            theirs.Free()
+            ours.Free()
+
+    @property
+    def neighbours(self) -> Dict[str, int]:
+        """Every direction -> the neighbour's rank in ``comm`` (PROC_NULL if none), as
+        the sub-communicators resolve it (tests hold it against SPEC's index rules)."""
+        return {d: self.world_rank(d) for d in DIRECTIONS}
 
     @property
     def rank(self) -> int:
