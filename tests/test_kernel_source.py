@@ -144,5 +144,5 @@ def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
                   timeout=30)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert says in proc.stderr and where in proc.stderr
-    assert "Traceback" not in proc.stderr.replace("KeyError", "") or name == "own exception"
-    assert "gqa_mpi/" not in proc.stderr.split("error:", 1)[1] or name != "own exception"
+    assert "Traceback" not in proc.stderr                 # a report, never our traceback
+    assert "gqa_mpi/" not in proc.stderr.split("error:", 1)[1]   # only the kernel's frames

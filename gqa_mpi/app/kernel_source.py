@@ -230,18 +230,7 @@ def _finish(cfg: Config, record: Dict, out: np.ndarray, events, every) -> int:
     trace = None
     if events is not None:
         trace = chrome_trace(events, [s["place"] for s in every])
-    write_error = False
-    for p, write in ((cfg.output, lambda p: outputs.write_npy(p, out)),
-                     (cfg.trace, lambda p: outputs.write_json(p, trace)),
-                     (cfg.json, lambda p: outputs.write_json(p, record))):
-        if p is None:
-            continue
-        try:
-            write(p)
-        except OSError as e:
-            print(f"gqa_mpi: error: writing {p}: {e.strerror or e}; the old file, if any, "
-                  f"is untouched", file=sys.stderr, flush=True)
-            write_error = True
+    write_error = not outputs.write_all(cfg.output, out, cfg.trace, trace, cfg.json, record)
     if not cfg.quiet:
         print(report(cfg, record), flush=True)
     if write_error:

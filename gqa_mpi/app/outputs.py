@@ -17,6 +17,7 @@ import json
 import os
 import signal
 import stat
+import sys
 import tempfile
 from contextlib import contextmanager
 from typing import Callable, Dict, Iterable, Optional
@@ -180,3 +181,24 @@ def write_npy(path: str, array: np.ndarray) -> None:
 def npy_bytes(shape) -> int:
     """Size of a float32 .npy file of ``shape`` (header included)."""
     return int(np.prod(shape, dtype=np.float64)) * 4 + 128
+
+
+def write_all(output: Optional[str], array, trace: Optional[str], trace_doc,
+              json_path: Optional[str], record: Optional[Dict]) -> bool:
+    """Rank 0's outputs, each written atomically: O (``.npy``), the trace and the run
+    record, those whose path is set. A write that fails is one line on stderr and the
+    others still go; returns whether every write succeeded."""
+    ok = True
+    for path, write in ((output, lambda p: write_npy(p, array)),
+                        (trace, lambda p: write_json(p, trace_doc)),
+                        (json_path, lambda p: write_json(p, record))):
+        if path is None:
+            continue
+        try:
+            write(path)
+        except OSError as e:  # checked up front; the disk can still fill meanwhile
+            print(f"gqa_mpi: error: writing {path}: {e.strerror or e}; the old file, if "
+                  f"any, is untouched and no temporary file is left", file=sys.stderr,
+                  flush=True)
+            ok = False
+    return ok

@@ -3,7 +3,6 @@ root), then the root's outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 import time
 
 from mpi4py import MPI
@@ -106,20 +105,8 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
                      if getattr(cfg, key)},
             checks=[c for c, _ in checks], checked_steps=checked,
             vs_exact=next((x for _, x in checks if x is not None), None))
-        writes = [(cfg.output, lambda p: outputs.write_npy(p, output)),
-                  (cfg.trace, lambda p: outputs.write_json(p, trace)),
-                  (cfg.json, lambda p: outputs.write_json(p, record.to_json()))]
-        write_error = False
-        for path, write in writes:
-            if path is None:
-                continue
-            try:
-                write(path)
-            except OSError as e:  # checked up front; the disk can still fill meanwhile
-                print(f"gqa_mpi: error: writing {path}: {e.strerror or e}; the old file, "
-                      f"if any, is untouched and no temporary file is left",
-                      file=sys.stderr, flush=True)
-                write_error = True
+        write_error = not outputs.write_all(cfg.output, output, cfg.trace, trace, cfg.json,
+                                            record.to_json())
         if not cfg.quiet:
             if comm.size == 1:
                 print("note      one MPI rank, so C = P = 1; for 2 cubes x 8 PEs run "

@@ -138,19 +138,21 @@ class Wire:
     """Whether the three tensors travel as one message (``mlO``) instead of three."""
 
     def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
-        """The buffers of one hop, in send order, and what casting to them lost."""
+        """The buffers of one hop, in send order, and what casting to them lost. A tensor
+        with no elements (the O of a hop that carries only the statistics) is not sent."""
         cast = [self.cast(i, x) for i, x in enumerate(p)]
         loss = cast_loss(p, Partial(*(self.uncast(i, b) for i, b in enumerate(cast)))) \
             if self.lossy else Loss()
         if self.packed:
             return [("mlO", np.concatenate([b.ravel() for b in cast]))], loss
-        return list(zip("mlO", cast)), loss
+        return [(name, b) for name, b in zip("mlO", cast) if b.size], loss
 
     def buffers(self, like: Partial) -> Buffers:
         """Empty buffers for one incoming hop, shaped like ``like``."""
         if self.packed:
             return [("mlO", self.empty(0, like.m.size + like.l.size + like.O.size))]
-        return [(name, self.empty(i, x.shape)) for i, (name, x) in enumerate(zip("mlO", like))]
+        return [(name, self.empty(i, x.shape)) for i, (name, x) in enumerate(zip("mlO", like))
+                if x.size]
 
     def decode(self, bufs: Buffers, like: Partial) -> Partial:
         """The float32 partial held by ``bufs`` (the inverse of :meth:`encode`)."""
@@ -159,7 +161,8 @@ class Wire:
             bounds = np.cumsum([0, like.m.size, like.l.size, like.O.size])
             parts = [flat[a:b].reshape(x.shape) for a, b, x in zip(bounds, bounds[1:], like)]
         else:
-            parts = [b for _, b in bufs]
+            got = dict(bufs)
+            parts = [got.get(name, np.zeros(x.shape, np.float32)) for name, x in zip("mlO", like)]
         return Partial(*(self.uncast(i, b) for i, b in enumerate(parts)))
 
 

@@ -127,21 +127,14 @@ def _pipelined(topo: Topology, partial: Partial, steps: List[Step], wire: Wire, 
     recvs = [s for s in steps if s.op == "recv"]
     send = next((s for s in steps if s.op == "send"), None)
     stats = Partial(partial.m, partial.l, np.zeros(0, np.float32))
-    no_o = ("O", stats.O)                # the statistics travel without an O message
-
-    def without_o(bufs):
-        return [(name, buf) for name, buf in bufs if name != "O"]
-
-    with rec.span("statistics", "chain"):
-        got = [wire.decode(link.recv_all(step, without_o(wire.buffers(stats))) + [no_o],
-                           stats) if not wire.packed else
-               wire.decode(link.recv_all(step, wire.buffers(stats)), stats) for step in recvs]
+    with rec.span("statistics", "chain"):       # stats has no O: m and l travel alone
+        got = [wire.decode(link.recv_all(step, wire.buffers(stats)), stats) for step in recvs]
         m, scales = rescale([partial.m] + [g.m for g in got])
         l = sum(li * e for li, e in zip([partial.l] + [g.l for g in got], scales))
         if send is not None:
             bufs, lost = wire.encode(Partial(m, l, stats.O))
             link.loss = link.loss + lost
-            link.send_all(send, bufs if wire.packed else without_o(bufs))
+            link.send_all(send, bufs)
     d = partial.O.shape[-1]
     rows = partial.O.reshape(-1, d)
     out = np.empty_like(rows)
