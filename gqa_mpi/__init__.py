@@ -8,17 +8,18 @@ Layers, each importing only the ones above it:
 - :mod:`gqa_mpi.tools`: launcher helpers, the scaling study and the bench.
 
 ``from gqa_mpi import decode`` runs one distributed decode step on arrays the ranks
-hold (see :mod:`gqa_mpi.app.decode`); importing ``gqa_mpi`` itself loads no MPI.
+hold, and ``Decoder`` a loop of steps and appends on them (see
+:mod:`gqa_mpi.app.decode`); importing ``gqa_mpi`` itself loads no MPI.
 """
 __version__ = "0.2.0"
 
-__all__ = ["decode", "Config", "RunRecord"]
+__all__ = ["decode", "Decoder", "Config", "RunRecord"]
 
 
 def __getattr__(name):  # MPI is initialised on first use of the API, not on import
-    if name == "decode":
-        from .app.decode import decode
-        return decode
+    if name in ("decode", "Decoder"):
+        from .app import decode
+        return getattr(decode, name)
     if name == "Config":
         from .core.config import Config
         return Config

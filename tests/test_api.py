@@ -30,6 +30,33 @@ def test_readme_library_example_runs_as_written(tmp_path):
     assert re.fullmatch(r"\(1, 2048\) step \d+\.\d ms\n", proc.stdout), proc.stdout
 
 
+def test_readme_serving_loop_runs_as_written(tmp_path):
+    script = tmp_path / "loop.py"
+    script.write_text(readme_block("### A serving loop"))
+    proc = subprocess.run(mpirun_command(4, [sys.executable, str(script)]),
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "(1, 2048) {'min': 1000, 'max': 1005}\n", proc.stdout
+
+
+def test_the_loop_on_one_rank_grows_past_its_room_and_matches_the_reference():
+    from gqa_mpi import Decoder
+    rng = np.random.default_rng(8)
+    q = rng.standard_normal((2, 4 * 16), dtype=np.float32)
+    k, v = (rng.standard_normal((300, 2 * 16), dtype=np.float32) for _ in "kv")
+    with Decoder(q, k[:10], v[:10], heads_kv=2, comm=one_rank(), tile=4, causal=True) as dec:
+        held = 10
+        for n in (1, 0, 7, 50, 100):
+            out = dec.step(q)
+            ref = attention_reference(q, k[:held], v[:held], h_kv=2, causal=True)
+            np.testing.assert_allclose(out, ref, atol=2e-6 * np.abs(ref).max())
+            dec.append(k[held:held + n], v[held:held + n])
+            held += n
+        with pytest.raises(ValueError, match="must both be"):
+            dec.append(k[:3], v[:2])
+        assert dec.record()[0].ranks[0].held == held
+
+
 def test_readme_schedule_example_registers_a_schedule():
     exec(readme_block("### Adding a schedule or a wire"), {})
     try:

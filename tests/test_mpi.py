@@ -15,6 +15,7 @@ from gqa_mpi.app.cli import build_parser  # noqa: E402
 from gqa_mpi.core.config import Config  # noqa: E402
 from gqa_mpi.core import inputs, kernels  # noqa: E402
 from gqa_mpi.core.grid import DIRECTIONS, Grid  # noqa: E402
+from gqa_mpi.core.partition import token_range  # noqa: E402
 from gqa_mpi.core.reference import attention_reference  # noqa: E402
 from gqa_mpi.core.attention import empty_partial, finalize  # noqa: E402
 from gqa_mpi.core.schedules import SCHEDULES, Schedule, Step  # noqa: E402
@@ -287,4 +288,43 @@ def test_trace_covers_every_schedule(reduce, wire):
             assert sends and spans and len(sends) == result.record.messages
             if cfg.schedule.chunks:                          # statistics, then the pieces
                 assert {"statistics", "piece 0", "piece 3"} <= spans
+    comm.Free()
+
+
+@pytest.mark.parametrize("C,P,causal", [(2, 8, False), (3, 5, True), (1, 1, True)])
+def test_the_library_loop_steps_and_appends_against_the_reference(C, P, causal):
+    """gqa_mpi.Decoder: a slice loaded once, then steps and appends; each step equals the
+    float64 reference over the cache as it stands (new tokens to several ranks, or to
+    the last one with the causal mask), growing past the room the first load made."""
+    from gqa_mpi import Decoder
+    comm = sub_world(C * P)
+    if comm == MPI.COMM_NULL:
+        return
+    n, S, T_q = C * P, 23 * C * P + 3, 2
+    rng = np.random.default_rng(11)                         # the same draws on every rank
+    q = rng.standard_normal((T_q, 8 * 16)).astype(np.float32)
+    k, v = (rng.standard_normal((S + 200, 2 * 16)).astype(np.float32) for _ in "kv")
+    bounds = [token_range(S, n, r) for r in range(n)]
+    held = [list(range(a, b)) for a, b in bounds]           # global rows each rank holds
+    nxt = S
+    a, b = bounds[comm.rank]
+    with Decoder(q, k[a:b], v[a:b], heads_kv=2, comm=comm, tile=8, causal=causal) as dec:
+        for step in range(4):
+            q_step = rng.standard_normal((T_q, 8 * 16)).astype(np.float32)
+            out = dec.step(q_step)
+            order = [t for rows in held for t in rows]      # the cache in rank order
+            if comm.rank == 0:
+                ref = attention_reference(q_step, k[order], v[order], h_kv=2, causal=causal)
+                np.testing.assert_allclose(out, ref, atol=2e-6 * np.abs(ref).max())
+            counts = [3 * step + 1 if r == n - 1 else (0 if causal else r % 3) for r in range(n)]
+            mine = []
+            for r, c in enumerate(counts):
+                rows = list(range(nxt, nxt + c))
+                held[r] += rows
+                nxt += c
+                if r == comm.rank:
+                    mine = rows
+            dec.append(k[mine], v[mine])
+        record, _ = dec.record()
+    assert record.ranks[comm.rank].held == len(held[comm.rank])
     comm.Free()

@@ -5,7 +5,6 @@ from typing import Optional, Tuple
 
 import numpy as np
 
-from ..core import inputs
 from ..core.inputs import load_rows
 from ..core.kernel_model import kernel_reference
 from ..core.reference import attention_reference
@@ -65,29 +64,20 @@ def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
                       passed=bool(finite and max_rel <= threshold), err_p50=p50, err_p99=p99)
 
 
-def step_queries(cfg, step: int) -> np.ndarray:
-    """Q ``(B, T_q, h_q*d)`` of decode step ``step``: rows ``step*T_q ..`` of a generated
-    query stream (step 0's are the one-step run's)."""
-    return inputs.generate(cfg.seed, "q", cfg.B, cfg.steps * cfg.queries,
-                           cfg.heads_q * cfg.head_dim, step * cfg.queries,
-                           (step + 1) * cfg.queries)
-
-
-def check_output(cfg, output: np.ndarray, m_rounding: float, step: int = 0
-                 ) -> Tuple[Comparison, Optional[Comparison]]:
+def check_output(cfg, output: np.ndarray, m_rounding: float, step: int = 0,
+                 q: Optional[np.ndarray] = None) -> Tuple[Comparison, Optional[Comparison]]:
     """``(check, vs_exact)`` of the root's output of decode step ``step`` against
     float64 references over the cache as it stood (its first ``cfg.cache_len(step)``
-    tokens, with that step's queries).
+    tokens, with that step's queries ``q``, by default the first step's).
 
     The default path is checked against exact attention. A kernel-faithful run is
     checked against a float64 model of the kernel, and ``vs_exact`` says how far the
     kernel's arithmetic lands from exact attention on the same inputs.
     """
-    q, k, v = load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
+    q0, k, v = load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
                         cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim,
                         0, cfg.cache_len(step))
-    if step:
-        q = step_queries(cfg, step)
+    q = q0 if q is None else q
     # drawn (or read) once for the reference and the control; float16 when the ranks
     # hold K and V in float16, so that the reference sees the same values
     held = np.float16 if cfg.kv_dtype == "float16" and not cfg.kernel_faithful else None

@@ -1,4 +1,5 @@
-"""``gqa_mpi.decode``: one distributed decode step on arrays the ranks already hold.
+"""``gqa_mpi.Decoder`` and ``gqa_mpi.decode``: distributed decode steps on arrays the
+ranks already hold; the command line's loop runs on the same :class:`Decoder`.
 
 Every rank of ``comm`` passes the same Q and its own consecutive run of KV tokens
 (rank 0 the first, any lengths, empty ones too); the partials reach rank 0 along the
@@ -92,14 +93,22 @@ def problem_config(q: np.ndarray, k, lengths, *, heads_kv: Optional[int] = None,
                   split=None if list(lengths) == balanced else tuple(lengths), **options)
 
 
-def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm] = None,
-           **options) -> Decoded:
-    """Run one distributed decode step; a ``ValueError`` is raised on every rank alike.
+class Decoder:
+    """A serving loop's view of the distributed cache: each rank's slice is loaded once,
+    then :meth:`step` (O on rank 0) and :meth:`append` as many times as the caller
+    wants. Every method is called by every rank of ``comm``, and a ``ValueError`` is
+    raised on every rank alike::
+
+        with Decoder(q, k, v, heads_kv=8) as dec:     # this rank's k, v
+            for token in range(100):
+                o = dec.step(q)                       # O on rank 0, None elsewhere
+                dec.append(k_new, v_new)              # this rank's new tokens, maybe none
+            record = dec.record()
 
     Parameters
     ----------
     q : (T_q, h_q*d) or (B, T_q, h_q*d)
-        The queries, the same on every rank.
+        Queries of the shape every step takes, the same on every rank.
     k, v : (S_local, h_kv*d) or (B, S_local, h_kv*d)
         This rank's tokens: rank r holds the run after rank r-1's. float16 or float32.
     config : Config, optional
@@ -111,45 +120,125 @@ def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm]
         :class:`~gqa_mpi.core.config.Config` fields: ``heads_kv`` (or ``head_dim``),
         ``tile``, ``kernel``, ``reduce``, ``wire``, ``cubes``, ``pes``, ``causal``, ...
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
-    error = None
-    try:
-        q = np.asarray(q, dtype=np.float32)
-        if q.ndim not in (2, 3):
-            raise ValueError(f"q must be (T_q, width) or (B, T_q, width), got {q.shape}")
-        k, v = _rows(k, "k"), _rows(v, "v")
-        if tuple(k.shape) != tuple(v.shape):
-            raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
-    except ValueError as e:
-        error = f"rank {comm.rank}: {e}"
-    _agree(comm, error)
-    lengths = comm.allgather(k.shape[1])
-    error = None
-    try:
-        if config is None:
-            config = problem_config(q, k, lengths, **options)
-        elif options:
-            config = replace(config, **options)
-        cfg = config.placed(comm.size)
-        want = [b - a for a, b in map(cfg.tokens, range(comm.size))]
-        if lengths != want:
-            raise ValueError(f"the ranks hold {lengths} tokens, but the config splits "
-                             f"them as {want}")
-    except ValueError as e:
-        error = str(e)
-    _agree(comm, error)
-    if cfg.steps != 1:
-        _agree(comm, "decode() runs one step; the decode loop (steps) is the command "
-                     "line's: python -m gqa_mpi --steps N")
-    q3 = q if q.ndim == 3 else q[None]
-    topo = Topology(comm, cfg.layout)
-    try:
-        rank = Rank.load(cfg, topo, q3, k, v)
-        output = rank.step(0).output
-        nonfinite = 0 if output is None else int(np.count_nonzero(~np.isfinite(output)))
-        return Decoded(output, *gather_record(cfg, topo, rank, nonfinite))
-    finally:
-        topo.free()
+
+    def __init__(self, q, k, v, config: Optional[Config] = None, *,
+                 comm: Optional[MPI.Comm] = None, **options):
+        comm = MPI.COMM_WORLD if comm is None else comm
+        error = None
+        try:
+            q = np.asarray(q, dtype=np.float32)
+            q3 = _queries(q)
+            k, v = _rows(k, "k"), _rows(v, "v")
+            if tuple(k.shape) != tuple(v.shape):
+                raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
+        except ValueError as e:
+            error = f"rank {comm.rank}: {e}"
+        _agree(comm, error)
+        lengths = comm.allgather(k.shape[1])
+        error = None
+        try:
+            if config is None:
+                config = problem_config(q, k, lengths, **options)
+            elif options:
+                config = replace(config, **options)
+            cfg = config.placed(comm.size)
+            want = [b - a for a, b in map(cfg.tokens, range(comm.size))]
+            if lengths != want:
+                raise ValueError(f"the ranks hold {lengths} tokens, but the config splits "
+                                 f"them as {want}")
+            if cfg.steps != 1:
+                raise ValueError("steps= is the command line's generated loop (python -m "
+                                 "gqa_mpi --steps N); a library loop calls step() N times")
+        except ValueError as e:
+            error = str(e)
+        _agree(comm, error)
+        self._start(comm, cfg, q3, k, v)
+
+    @classmethod
+    def from_config(cls, comm: MPI.Comm, cfg: Config, q, k, v) -> "Decoder":
+        """A loop on inputs already checked against a placed ``cfg`` (the command
+        line's: ``k`` and ``v`` may be lazy rows, generated or memory-mapped)."""
+        self = cls.__new__(cls)
+        self._start(comm, cfg, q, k, v)
+        return self
+
+    def _start(self, comm, cfg: Config, q, k, v) -> None:
+        self.cfg, self.comm = cfg, comm
+        self.steps = 0
+        self.tokens = cfg.seq_len
+        """Tokens in the cache, all ranks together."""
+        self.nonfinite = 0
+        self.topo = Topology(comm, cfg.layout)
+        try:
+            self.rank = Rank.load(cfg, self.topo, q, k, v)
+        except BaseException:
+            self.topo.free()
+            raise
+
+    def step(self, q=None) -> Optional[np.ndarray]:
+        """One decode step over the cache as it stands; O ``(like q)`` on rank 0.
+
+        ``q``: this step's queries, shaped like those given first (by default those)."""
+        q3 = None if q is None else _queries(q)
+        result = self.rank.step(self.steps, q3, self.tokens)
+        self.steps += 1
+        if result.output is not None:
+            self.nonfinite += int(np.count_nonzero(~np.isfinite(result.output)))
+        return result.output
+
+    def append(self, k, v) -> None:
+        """Add this rank's new tokens ``(n, h_kv*d)`` (``n`` may be 0) to its slice."""
+        error = None
+        try:
+            k, v = _rows(k, "k"), _rows(v, "v")
+            width = self.cfg.heads_kv * self.cfg.head_dim
+            if tuple(k.shape) != tuple(v.shape) or k.shape[0] != self.cfg.B \
+                    or k.shape[2] != width:
+                raise ValueError(f"new k {tuple(k.shape)} and v {tuple(v.shape)} must both "
+                                 f"be ({self.cfg.B}, n, {width})")
+        except ValueError as e:
+            error = f"rank {self.comm.rank}: {e}"
+        _agree(self.comm, error)
+        counts = self.comm.allgather(k.shape[1])
+        if self.cfg.causal and any(counts[:-1]):
+            _agree(self.comm, "with causal=True new tokens go to the last rank (the mask "
+                              f"takes the cache as one run); the ranks give {counts}")
+        if k.shape[1]:
+            self.rank.append(np.asarray(k), np.asarray(v))
+        self.tokens += sum(counts)
+
+    def record(self):
+        """``(RunRecord, trace)``: every rank's statistics, the same record on every
+        rank; the Chrome trace document on rank 0 with ``trace`` set."""
+        return gather_record(self.cfg, self.topo, self.rank, self.nonfinite)
+
+    def close(self) -> None:
+        self.topo.free()
+
+    def __enter__(self) -> "Decoder":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _queries(q) -> np.ndarray:
+    q = np.asarray(q, dtype=np.float32)
+    if q.ndim not in (2, 3):
+        raise ValueError(f"q must be (T_q, width) or (B, T_q, width), got {q.shape}")
+    return q if q.ndim == 3 else q[None]
+
+
+def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm] = None,
+           **options) -> Decoded:
+    """One distributed decode step: :class:`Decoder` with one :meth:`~Decoder.step`.
+
+    Parameters are :class:`Decoder`'s; a ``ValueError`` is raised on every rank alike.
+    """
+    with Decoder(q, k, v, config, comm=comm, **options) as dec:
+        output = dec.step()
+        record, trace = dec.record()
+    return Decoded(output, record, trace)
 
 
 def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int):
@@ -165,7 +254,7 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
                      messages=traffic.messages, bytes=traffic.bytes,
                      overflow=traffic.loss.overflow, m_rounding=traffic.loss.m_rounding,
                      peak_rss_mib=rank.peak_rss_mib, scores_nonfinite=rank.scores_nonfinite,
-                     steps=rank.steps, held=stop - start + cfg.appended(topo.rank))
+                     steps=rank.steps, held=rank.count)
     watchdog.rendezvous(topo.comm, "the gathering of results")
     stats = topo.comm.gather(mine, root=0)
     events = (topo.comm.gather(rank.recorder.events, root=0)

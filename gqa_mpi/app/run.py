@@ -11,12 +11,10 @@ import numpy as np
 
 from ..core import inputs
 from ..mpi import watchdog
-from ..mpi.step import Rank
-from ..mpi.topology import Topology
 from . import outputs, report
-from .check import check_output, step_queries
+from .check import check_output
 from ..core.config import Config
-from .decode import gather_record
+from .decode import Decoder
 
 
 def wait_for_root(comm: MPI.Comm) -> None:
@@ -47,20 +45,21 @@ def new_tokens(cfg: Config, rank: int):
     """``{step: (k_rows, v_rows)}``: the tokens ``rank`` takes after each step but the
     last, ``(B, n, h_kv*d)`` each, drawn before the loop so that no rank generates
     inputs between timed steps."""
-    first, last = cfg.seq_len, cfg.cache_len(cfg.steps - 1)
-    mine = [t for t in range(first, last) if cfg.owner(t) == rank]
-    if not mine:
+    plan = {}
+    for step in range(cfg.steps - 1):           # T_q tokens a step: linear in the steps
+        mine = [t for t in range(cfg.cache_len(step), cfg.cache_len(step + 1))
+                if cfg.owner(t) == rank]
+        if mine:
+            plan[step] = mine
+    if not plan:
         return {}
+    lo = min(p[0] for p in plan.values())
+    hi = max(p[-1] for p in plan.values()) + 1
     k, v = (np.asarray(inputs.GeneratedRows(cfg.seed, name, cfg.B, cfg.final_len,
-                                            cfg.heads_kv * cfg.head_dim, mine[0],
-                                            mine[-1] + 1)) for name in "kv")
-    out = {}
-    for step in range(cfg.steps - 1):
-        pick = [t - mine[0] for t in mine
-                if cfg.cache_len(step) <= t < cfg.cache_len(step + 1)]
-        if pick:
-            out[step] = k[:, pick], v[:, pick]
-    return out
+                                            cfg.heads_kv * cfg.head_dim, lo, hi))
+            for name in "kv")
+    return {step: (k[:, [t - lo for t in ts]], v[:, [t - lo for t in ts]])
+            for step, ts in plan.items()}
 
 
 def run(comm: MPI.Comm, cfg: Config) -> int:
@@ -72,30 +71,32 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
                                start, stop)
     if cfg.inputs is not None and not cfg.allow_nonfinite:
         refuse_nonfinite(comm, [("q", q, 0), ("k", k, start), ("v", v, start)])
-    topo = Topology(comm, cfg.layout)
-    checks, checked, nonfinite, output = [], [], 0, None
+    checks, checked = [], []
+    dec = Decoder.from_config(comm, cfg, q, k, v)
     try:
-        rank = Rank.load(cfg, topo, q, k, v)
         del q, k, v
-        future = new_tokens(cfg, topo.rank)
+        future = new_tokens(cfg, comm.rank)
+        stream = (inputs.query_stream(cfg.seed, cfg.B, cfg.steps, cfg.queries,
+                                      cfg.heads_q * cfg.head_dim)    # drawn before the loop
+                  if cfg.steps > 1 else None)
+        empty = np.empty((cfg.B, 0, cfg.heads_kv * cfg.head_dim), np.float32)
         for step in range(cfg.steps):
-            result = rank.step(step, step_queries(cfg, step) if step else None)
-            output = result.output
-            if topo.is_root:
-                nonfinite += int(np.count_nonzero(~np.isfinite(output)))
+            # step 0 takes the run's Q (generated, or q.npy)
+            q_step = inputs.step_queries(stream, step, cfg.queries) if step else None
+            output = dec.step(q_step)
             if cfg.checked(step):
-                if topo.is_root:
+                if comm.rank == 0:
                     watchdog.phase(f"check of step {step}")
-                    checks.append(check_output(cfg, output, rank.traffic.loss.m_rounding,
-                                               step))
+                    checks.append(check_output(cfg, output, dec.rank.traffic.loss.m_rounding,
+                                               step, q_step))
                     checked.append(step)
                 with watchdog.waiting(f"rank 0 (check of step {step})"):
-                    wait_for_root(topo.comm)     # untimed: the next step starts together
-            if step in future:
-                rank.append(*future.pop(step))
-        record, trace = gather_record(cfg, topo, rank, nonfinite)
+                    wait_for_root(dec.topo.comm)     # untimed: the next step starts together
+            if step < cfg.steps - 1:
+                dec.append(*future.pop(step, (empty, empty)))
+        record, trace = dec.record()
     finally:
-        topo.free()
+        dec.close()
     code = 0
     if comm.rank == 0:
         watchdog.phase("outputs")

@@ -53,6 +53,18 @@ def generate(seed: int, tensor: str, batch: int, n_tokens: int, width: int,
     return out
 
 
+def query_stream(seed: int, batch: int, steps: int, queries: int, width: int) -> np.ndarray:
+    """The queries of a generated decode loop, ``(B, steps*T_q, h_q*d)``, drawn at once:
+    step ``s`` takes rows ``s*T_q ..`` (:func:`step_queries`), and step 0's are the
+    one-step run's Q."""
+    return generate(seed, "q", batch, steps * queries, width)
+
+
+def step_queries(stream: np.ndarray, step: int, queries: int) -> np.ndarray:
+    """Q ``(B, T_q, h_q*d)`` of decode step ``step`` of a :func:`query_stream`."""
+    return stream[:, step * queries:(step + 1) * queries]
+
+
 class GeneratedRows:
     """Rows ``start:stop`` of a generated K or V, drawn only when sliced.
 

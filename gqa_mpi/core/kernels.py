@@ -163,6 +163,17 @@ def append(kernel, k: np.ndarray, v: np.ndarray, k_rows: np.ndarray, v_rows: np.
     put_rows(v, v_rows, at)
 
 
+def grow(kernel, k: np.ndarray, v: np.ndarray, capacity: int) -> Tuple[np.ndarray, np.ndarray]:
+    """A resident K and V with room for ``capacity`` tokens, holding ``k``'s and ``v``'s
+    (both layouts keep tokens, or blocks of them, on axis 2)."""
+    B, h_kv, _, d = v.shape
+    k2 = kernel.empty_k(capacity, B, h_kv, d, v.dtype)
+    v2 = np.empty((B, h_kv, capacity, d), dtype=v.dtype)
+    k2[:, :, :k.shape[2]] = k
+    v2[:, :, :v.shape[2]] = v
+    return k2, v2
+
+
 def select(name: str):
     """``(kernel, note)`` for ``--kernel name``; ``note`` says why auto fell back.
 

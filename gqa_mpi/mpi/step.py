@@ -23,7 +23,7 @@ import numpy as np
 from ..core.config import Config
 from ..core.attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
 from ..core.kernel_model import kernel_operands, kernel_output
-from ..core.kernels import append, make_resident
+from ..core.kernels import append, grow, make_resident
 from ..core.schedules import Traffic
 from ..core.trace import Recorder
 from . import watchdog
@@ -111,11 +111,13 @@ class Rank:
                                        self.count, k_rows.shape[0], h_kv, cfg.head_dim,
                                        dtype, room)
 
-    def step(self, index: int, q_in: Optional[np.ndarray] = None) -> StepResult:
+    def step(self, index: int, q_in: Optional[np.ndarray] = None,
+             cache_len: Optional[int] = None) -> StepResult:
         """Decode step ``index``: attend over the cache as it stands, reduce, finalize.
 
         ``q_in`` gives this step's queries ``(B, T_q, h_q*d)``; by default those given
-        to :meth:`load`.
+        to :meth:`load`. ``cache_len``: tokens in the whole cache (all ranks), for the
+        causal mask; by default the command line's ``cfg.cache_len(index)``.
         """
         cfg, topo, rec = self.cfg, self.topo, self.recorder
         if q_in is not None:
@@ -126,8 +128,8 @@ class Rank:
         with rec.phase("local_attention", tile=cfg.tile, step=index):
             watchdog.phase("local_attention")
             inject("local_attention", topo.rank)
-            limit = (causal_limits(cfg.cache_len(index), cfg.queries, cfg.group)
-                     if cfg.causal else None)
+            total = cfg.cache_len(index) if cache_len is None else cache_len
+            limit = causal_limits(total, cfg.queries, cfg.group) if cfg.causal else None
             partial = self.kernel.sweep(self.q, self.k, self.v, scale=cfg.scale,
                                         tile=cfg.tile, start=self.start, causal_limit=limit,
                                         on_tile=rec.tile if rec.tiles else None,
@@ -160,8 +162,12 @@ class Rank:
         return StepResult(out, traffic, times, nonfinite)
 
     def append(self, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
-        """Add new tokens ``(B, n, h_kv*d)`` to this rank's cache."""
+        """Add new tokens ``(B, n, h_kv*d)`` to this rank's cache (which doubles its room
+        when they do not fit: the command line sizes it for its whole loop up front)."""
         with self.recorder.phase("append"):
+            need = self.count + k_rows.shape[1]
+            if need > self.v.shape[2]:
+                self.k, self.v = grow(self.kernel, self.k, self.v, max(need, 2 * self.count))
             append(self.kernel, self.k, self.v, k_rows, v_rows, self.count)
         self.count += k_rows.shape[1]
 
