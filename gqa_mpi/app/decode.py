@@ -180,11 +180,11 @@ class Decoder:
 
         ``q``: this step's queries, shaped like those given first (by default those)."""
         q3 = None if q is None else _queries(q)
-        result = self.rank.step(self.steps, q3, self.tokens)
+        output = self.rank.step(self.steps, q3, self.tokens)
         self.steps += 1
-        if result.output is not None:
-            self.nonfinite += int(np.count_nonzero(~np.isfinite(result.output)))
-        return result.output
+        if output is not None:
+            self.nonfinite += int(np.count_nonzero(~np.isfinite(output)))
+        return output
 
     def append(self, k, v) -> None:
         """Add this rank's new tokens ``(n, h_kv*d)`` (``n`` may be 0) to its slice."""

@@ -25,6 +25,8 @@ class Recorder:
         self.events: Optional[List[Dict]] = [] if events else None
         self.tiles = events and tiles
         self.timings: Dict[str, float] = {}
+        self.last: Dict[str, float] = {}
+        """Seconds of each phase the last time it ran (a decode step's own phases)."""
         self.origin = time.perf_counter()
         self.seq = 0
 
@@ -43,6 +45,7 @@ class Recorder:
         t0 = time.perf_counter()
         yield
         t1 = time.perf_counter()
+        self.last[name] = t1 - t0
         self.timings[name] = self.timings.get(name, 0.0) + t1 - t0
         if self.events is not None:
             self._event(name, "phase", t0, t1, args)

@@ -32,19 +32,6 @@ from .faults import inject
 from .topology import Topology
 
 @dataclass
-class StepResult:
-    """What one rank knows after one step."""
-
-    output: Optional[np.ndarray]
-    """O in the layout of Q, float32; the root only."""
-    traffic: Traffic
-    timings: Dict[str, float]
-    """Seconds of each step phase (:data:`gqa_mpi.core.trace.STEP_PHASES`) it ran."""
-    scores_nonfinite: bool
-    """Some score of this rank's sweep was NaN or +inf (float32 overflow, or NaN input)."""
-
-
-@dataclass
 class Rank:
     """One rank's PE across decode steps: its resident cache and what it measured."""
 
@@ -112,8 +99,9 @@ class Rank:
                                        dtype, room)
 
     def step(self, index: int, q_in: Optional[np.ndarray] = None,
-             cache_len: Optional[int] = None) -> StepResult:
-        """Decode step ``index``: attend over the cache as it stands, reduce, finalize.
+             cache_len: Optional[int] = None) -> Optional[np.ndarray]:
+        """Decode step ``index``: attend over the cache as it stands, reduce, finalize;
+        O in the layout of Q (float32) on the root, None elsewhere.
 
         ``q_in`` gives this step's queries ``(B, T_q, h_q*d)``; by default those given
         to :meth:`load`. ``cache_len``: tokens in the whole cache (all ranks), for the
@@ -122,9 +110,8 @@ class Rank:
         cfg, topo, rec = self.cfg, self.topo, self.recorder
         if q_in is not None:
             self.q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
-        times: Dict[str, float] = {}
         out = None
-        t0 = time.perf_counter()
+        rec.last.clear()
         with rec.phase("local_attention", tile=cfg.tile, step=index):
             watchdog.phase("local_attention")
             inject("local_attention", topo.rank)
@@ -135,14 +122,10 @@ class Rank:
                                         on_tile=rec.tile if rec.tiles else None,
                                         count=self.count)
             nonfinite = bool(np.isnan(partial.m).any() or np.isposinf(partial.m).any())
-        t1 = time.perf_counter()
-        times["local_attention"] = t1 - t0
         with rec.phase("reduce", wire=cfg.wire_format.name, schedule=cfg.reduce, step=index):
             watchdog.phase("reduce")
             inject("reduce", topo.rank)
             partial, traffic = execute(topo, partial, cfg.schedule, cfg.wire_format, rec)
-        t2 = time.perf_counter()
-        times["reduce"] = t2 - t1
         if topo.is_root:
             with rec.phase("finalize", step=index):
                 watchdog.phase("finalize")
@@ -153,13 +136,12 @@ class Rank:
                 else:
                     out = unfold_output(out, cfg.queries)
                 out = out if cfg.batched else out[0]
-            times["finalize"] = time.perf_counter() - t2
-        self.steps.append(times)
+        self.steps.append(dict(rec.last))     # this step's phases, as the recorder timed them
         self.traffic = Traffic(self.traffic.messages + traffic.messages,
                                self.traffic.bytes + traffic.bytes,
                                self.traffic.loss + traffic.loss)
         self.scores_nonfinite |= nonfinite
-        return StepResult(out, traffic, times, nonfinite)
+        return out
 
     def append(self, k_rows: np.ndarray, v_rows: np.ndarray) -> None:
         """Add new tokens ``(B, n, h_kv*d)`` to this rank's cache (which doubles its room
