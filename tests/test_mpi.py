@@ -23,7 +23,7 @@ from gqa_mpi.core.wires import WIRES  # noqa: E402
 from gqa_mpi.mpi.exchange import execute  # noqa: E402
 from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
-from util import spec_schedule  # noqa: E402
+from util import spec_depth, spec_schedule  # noqa: E402
 
 pytestmark = pytest.mark.mpi(min_size=16)
 
@@ -224,12 +224,8 @@ def test_trace_follows_spec_schedule(C, P):
         for s in starts:
             src, dst = map(int, s["name"].split()[1].split("->"))
             assert (s["pid"], ends[s["id"]]["pid"]) == (src, dst)
-        cols, rows = min(4, P), -(-P // 4)
-        farthest_pe = max(pe // 4 + pe % 4 for pe in range(P))
         depth = cfg.schedule.depth(cfg.layout)
-        assert critical_path(events) == farthest_pe + C - 1 == depth
-        if P % 4 == 0 or P < 4:                          # the grids the kernel can run
-            assert depth == (cols - 1) + (rows - 1) + (C - 1)
+        assert critical_path(events) == spec_depth(C, P) == depth
     comm.Free()
 
 

@@ -7,7 +7,7 @@ from gqa_mpi.core.grid import DIRECTIONS, Grid
 from gqa_mpi.core.schedules import SCHEDULES
 from gqa_mpi.core.wires import WIRES
 
-from util import spec_schedule
+from util import spec_depth, spec_schedule
 
 SHAPES = [(C, P, cols) for C in (1, 2, 3, 5) for P in range(1, 13) for cols in (1, 2, 4)
           if P <= 2 * cols * 2]
@@ -60,9 +60,8 @@ def test_point_to_point_schedules_are_trees_rooted_at_0(name, C, P, cols):
         recvs |= {(s.peer, r) for s in ops if s.op == "recv"}
     assert sends == recvs and len(sends) == grid.size - 1
     assert not any(src == 0 for src, _ in sends)
-    if name != "tree":      # the farthest PE's row + col hops, then the cubes'
-        assert schedule.depth(grid) == grid.chain_depth == max(
-            sum(divmod(pe, cols)) for pe in range(P)) + C - 1
+    if name != "tree":      # against a walk of SPEC's chain, not the code's formula
+        assert schedule.depth(grid) == grid.chain_depth == spec_depth(C, P, cols)
     else:
         assert schedule.depth(grid) <= (grid.size - 1).bit_length()
 
@@ -73,6 +72,13 @@ def test_chain_is_the_spec_chain(C, P):
     for r in range(grid.size):
         got = [(s.op, s.dir) for s in SCHEDULES.get("chain").steps(grid, r)]
         assert got == [(op, d) for op, d, t in spec_schedule(r, C, P) if t == "m"]
+
+
+@pytest.mark.parametrize("C,P,hops", [(1, 1, 0), (2, 8, 5), (2, 6, 4), (3, 5, 5),
+                                      (4, 4, 6), (1, 7, 3)])
+def test_chain_depth_known_values(C, P, hops):
+    """SPEC: (cols-1) + (rows-1) + (C-1) with full rows, 5 for 2 cubes of 2x4 PEs."""
+    assert SCHEDULES.get("chain").depth(Grid(C, P, 4)) == spec_depth(C, P) == hops
 
 
 def test_depths_worked_out_from_the_steps():

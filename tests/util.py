@@ -115,6 +115,21 @@ def spec_schedule(rank, C, P, cols=4):
     return [(op, d, t) for op, d in hops for t in "mlO"]
 
 
+def spec_depth(C, P, cols=4):
+    """Hops on the chain's critical path, by walking each rank's sends to rank 0 with
+    SPEC's index rules (a rank's partial is ready once its slowest child's is, so the
+    depth is the longest such walk)."""
+    step = {"intra_W": -1, "intra_N": -cols, "W": -P}
+    longest = 0
+    for rank in range(C * P):
+        hops, r = 0, rank
+        while r:
+            sends = [d for op, d, t in spec_schedule(r, C, P, cols) if op == "send" and t == "m"]
+            r, hops = r + step[sends[0]], hops + 1
+        longest = max(longest, hops)
+    return longest
+
+
 def spec_kernel_model(q, k, v, *, h_kv, n, tile):
     """The kernel's output in float64, from SPEC.md's index rules alone (defects 2-5).
 
