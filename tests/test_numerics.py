@@ -6,17 +6,10 @@ runs); the float64 reference and the float32 control are the tests' own.
 import numpy as np
 import pytest
 
-from gqa_mpi.app import cli
 from gqa_mpi.core.reference import attention_reference
 from gqa_mpi.app.check import compare
 
-from util import distributed, write_inputs
-
-
-def run_cli(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
+from util import distributed, run_cli, write_inputs
 
 
 def inputs_with(tmp_path, value, tensor, where, S=40, d=16):

@@ -16,25 +16,20 @@ import time
 import numpy as np
 import pytest
 
-from gqa_mpi.app import cli, outputs
+from gqa_mpi.app import outputs
 
+import util
 from util import random_inputs, write_inputs
 
 SMALL = ["--seq-len", "64", "--heads-q", "4", "--heads-kv", "2", "--head-dim", "8"]
 
 
-def run_cli(capsys, *argv):
-    code = cli.main([str(a) for a in (*SMALL, *argv)])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
+def run_small(capsys, *argv):
+    return util.run_cli(capsys, *SMALL, *argv)
 
 
 def refused(capsys, *argv, words):
-    code, out, err = run_cli(capsys, *argv)
-    assert code == 2, out + err
-    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert words in err, err
-    return err
+    return util.refused(capsys, *SMALL, *argv, words=words)
 
 
 def digest(path):
@@ -86,7 +81,7 @@ def test_missing_directory_and_long_names_are_refused_before_compute(tmp_path, c
     refused(capsys, "--json", tmp_path / ("x" * 300), words="longer than")
     # a name that fits, with no room to spare for a temp suffix, is fine
     limit = os.pathconf(tmp_path, "PC_NAME_MAX")
-    code, _, err = run_cli(capsys, "--quiet", "--json", tmp_path / ("y" * limit))
+    code, _, err = run_small(capsys, "--quiet", "--json", tmp_path / ("y" * limit))
     assert code == 0, err
 
 
@@ -100,12 +95,12 @@ def test_replaced_file_keeps_its_mode_and_a_new_one_follows_the_umask(tmp_path, 
     old = tmp_path / "o.npy"
     old.write_bytes(b"old")
     os.chmod(old, 0o640)
-    assert run_cli(capsys, "--quiet", "--output", old)[0] == 0
+    assert run_small(capsys, "--quiet", "--output", old)[0] == 0
     assert stat.S_IMODE(os.stat(old).st_mode) == 0o640
     mask = os.umask(0o027)
     try:
         new = tmp_path / "n.json"
-        assert run_cli(capsys, "--quiet", "--json", new)[0] == 0
+        assert run_small(capsys, "--quiet", "--json", new)[0] == 0
     finally:
         os.umask(mask)
     assert stat.S_IMODE(os.stat(new).st_mode) == 0o640
@@ -117,7 +112,7 @@ def test_a_link_is_followed_and_stays(tmp_path, capsys):
     target.write_bytes(b"old")
     link = tmp_path / "link.npy"
     os.symlink(target, link)
-    assert run_cli(capsys, "--quiet", "--output", link)[0] == 0
+    assert run_small(capsys, "--quiet", "--output", link)[0] == 0
     assert os.path.islink(link) and np.load(target).shape == (1, 32)
 
 
@@ -126,7 +121,7 @@ def test_a_write_that_fails_late_is_one_line_and_exit_2(tmp_path, capsys, monkey
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(outputs, "write_npy", full)
-    code, out, err = run_cli(capsys, "--output", tmp_path / "o.npy")
+    code, out, err = run_small(capsys, "--output", tmp_path / "o.npy")
     assert code == 2 and "No space left on device" in err and "Traceback" not in err
     assert "PASSED" in out          # the run itself is reported
     assert not glob.glob(str(tmp_path / ".gqa_mpi-*"))

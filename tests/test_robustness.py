@@ -16,28 +16,18 @@ from gqa_mpi.core.reference import attention_reference
 
 from gqa_mpi.app.record import RunRecord
 
+import util
 from util import distributed, launch, random_inputs, read_json, write_inputs
 
-# a seed no other test and no other concurrent test run uses: finds leftover processes
-MARK = str(5_000_000 + (os.getpid() * 7919 + time.time_ns() // 1000) % 4_000_000)
+MARK = util.marker(5_000_000)
 
 
 def leftovers():
-    """PIDs of processes still running with this test's marker seed."""
-    out = subprocess.run(["pgrep", "-f", "--", f"--seed {MARK}"], capture_output=True,
-                         text=True)
-    assert out.returncode in (0, 1), out.stderr       # 1: nothing matched
-    return out.stdout.split()
+    return util.leftovers(MARK)
 
 
 def assert_no_leftovers(within=10.0, but=()):
-    """Poll until no process of this test (but the PIDs ``but``) is left, failing
-    after ``within`` seconds."""
-    deadline = time.monotonic() + within
-    left = lambda: [p for p in leftovers() if int(p) not in but]  # noqa: E731
-    while left():
-        assert time.monotonic() < deadline, f"left running: {left()}"
-        time.sleep(0.05)
+    util.assert_no_leftovers(MARK, within, but)
 
 
 # ---------------------------------------------------------------- faults
@@ -261,23 +251,10 @@ ARG_CASES = {  # run in-process on one rank
 }
 
 
-def _check_clean_refusal(code, out, err, words):
-    assert code == 2, out + err
-    lines = [s for s in err.splitlines() if s.strip()]
-    assert len(lines) == 1 and lines[0].startswith("gqa_mpi: error: ") and words in lines[0], lines
-    assert "Traceback" not in err and out == ""
-
-
-def _in_process(capsys, args):
-    code = cli.main([str(a) for a in args])
-    cap = capsys.readouterr()
-    return code, cap.out, cap.err
-
-
 @pytest.mark.parametrize("case", sorted(ARG_CASES))
 def test_bad_arguments(capsys, case):
     args, words = ARG_CASES[case]
-    _check_clean_refusal(*_in_process(capsys, args), words)
+    util.refused(capsys, *args, words=words)
 
 
 @pytest.mark.parametrize("args,env,words", [
@@ -290,7 +267,7 @@ def test_bad_arguments(capsys, case):
 def test_every_rank_leaves_with_the_same_code(args, env, words):
     """Real launches: a refusal is one line from rank 0 and exit 2 from all ranks."""
     proc = launch(4, args, timeout=60, env=env)
-    _check_clean_refusal(proc.returncode, proc.stdout, proc.stderr, words)
+    util.assert_refused(proc.returncode, proc.stdout, proc.stderr, words)
 
 
 @pytest.mark.parametrize("case", sorted(FILE_CASES))
@@ -302,9 +279,9 @@ def test_bad_input_files(tmp_path, capsys, case):
     args = ["--inputs", d, "--head-dim", 16, "--heads-kv", 2, *extra]
     if "rank" in case:       # the check of values runs on each rank's own slice
         proc = launch(2, args, timeout=60)
-        _check_clean_refusal(proc.returncode, proc.stdout, proc.stderr, words)
+        util.assert_refused(proc.returncode, proc.stdout, proc.stderr, words)
     else:
-        _check_clean_refusal(*_in_process(capsys, args), words)
+        util.refused(capsys, *args, words=words)
 
 
 def test_nonfinite_allowed_on_request(tmp_path):

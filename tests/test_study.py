@@ -8,6 +8,8 @@ import time
 
 import pytest
 
+from util import leftovers, marker, wait_until
+
 STUDY = [sys.executable, "-m", "gqa_mpi.study"]
 TINY = ["--heads-q", "4", "--heads-kv", "2", "--head-dim", "8", "--seq-len", "4000",
         "--repeats", "2", "--timeout", "120"]
@@ -87,21 +89,12 @@ def test_bad_config_key(tmp_path):
 
 # ---------------------------------------------------------------- kills and damage
 
-MARK = str(6_000_000 + (os.getpid() * 7919 + time.time_ns() // 1000) % 3_000_000)
+MARK = marker(6_000_000)
 HANG = dict(os.environ, GQA_MPI_FAULT="hang:0:local_attention", PYTHONUNBUFFERED="1")
 
 
 def marked_left():
-    out = subprocess.run(["pgrep", "-f", "--", f"--seed {MARK}"], capture_output=True,
-                         text=True)
-    return out.stdout.split()
-
-
-def wait_until(cond, within, what):
-    deadline = time.monotonic() + within
-    while not cond():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
+    return leftovers(MARK)
 
 
 def hanging_study(out):

@@ -3,6 +3,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 
 import numpy as np
 
@@ -36,6 +37,58 @@ def launch(n, args, timeout=TIMEOUT, **kw):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env.update(kw.pop("env", {}))
     return run_bounded(gqa_command(n, [str(a) for a in args]), timeout=timeout, env=env, **kw)
+
+
+def run_cli(capsys, *argv):
+    """``python -m gqa_mpi argv`` in this process (one rank): ``(code, stdout, stderr)``."""
+    from gqa_mpi.app import cli
+    code = cli.main([str(a) for a in argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def assert_refused(code, out, err, words):
+    """A user mistake's answer: exit 2, one line on stderr that starts ``gqa_mpi:
+    error:`` and says ``words``, no traceback, nothing on stdout."""
+    assert code == 2, out + err
+    lines = [s for s in err.splitlines() if s.strip()]
+    assert len(lines) == 1 and lines[0].startswith("gqa_mpi: error: "), lines
+    assert words in lines[0], lines
+    assert "Traceback" not in err and out == "", out + err
+    return lines[0]
+
+
+def refused(capsys, *argv, words):
+    """Run ``argv`` in this process and :func:`assert_refused` its answer."""
+    return assert_refused(*run_cli(capsys, *argv), words)
+
+
+def marker(base):
+    """A ``--seed`` no other test or concurrent run uses: :func:`leftovers` finds the
+    processes started with it."""
+    return str(base + (os.getpid() * 7919 + time.time_ns() // 1000) % 1_000_000)
+
+
+def leftovers(mark):
+    """PIDs of processes still running with ``--seed mark``."""
+    out = subprocess.run(["pgrep", "-f", "--", f"--seed {mark}"], capture_output=True,
+                         text=True)
+    assert out.returncode in (0, 1), out.stderr       # 1: nothing matched
+    return out.stdout.split()
+
+
+def wait_until(cond, within, what):
+    """Poll ``cond`` until true, failing with ``what`` after ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not cond():
+        assert time.monotonic() < deadline, what() if callable(what) else what
+        time.sleep(0.05)
+
+
+def assert_no_leftovers(mark, within=10.0, but=()):
+    """Poll until no process marked ``mark`` (but the PIDs ``but``) is left."""
+    left = lambda: [p for p in leftovers(mark) if int(p) not in but]  # noqa: E731
+    wait_until(lambda: not left(), within, lambda: f"left running: {left()}")
 
 
 def write_inputs(directory, q, k, v):
