@@ -219,3 +219,50 @@ def test_numerics_study_and_its_plot(tmp_path):
                           timeout=120)
     assert plot.returncode == 0, plot.stderr
     assert (tmp_path / "num_numerics_error.png").stat().st_size > 10000
+
+
+def test_the_key_is_every_option_that_can_change_a_result():
+    """Two points that differ in any result-changing option are different runs, and a
+    new Config field is in the key without being listed (issue: --kernel numpy then
+    --kernel fused printed "0 to go")."""
+    from dataclasses import fields, replace
+    from gqa_mpi.core.config import Config
+    from gqa_mpi.tools.study.plan import POINT_KEYS, Point
+    base = Config(seq_len=4000)
+    changed = dict(kernel="numpy", kv_dtype="float16", placement="round-robin", causal=True,
+                   seed=5, softmax_scale=0.5, tile=256, wire="packed", reduce="mpi",
+                   steps=2, check=False)
+    ids = {Point("strong", 4, base).run_id}
+    for name, value in changed.items():
+        ids.add(Point("strong", 4, replace(base, **{name: value})).run_id)
+    assert len(ids) == len(changed) + 1
+    faithful = Config(seq_len=4000, kernel_faithful=True)
+    assert Point("strong", 4, faithful).run_id not in ids
+    shown = {f.name for f in fields(Config)} - {"output", "json", "trace", "trace_tiles",
+                                                "quiet", "max_memory", "timeout", "reduce"}
+    assert shown <= set(POINT_KEYS) and "reduce_schedule" in POINT_KEYS
+
+
+def test_an_older_study_is_read_as_what_it_is(tmp_path):
+    from gqa_mpi.tools.study.results import OLDER, read_results
+    old = OLDER["before the full key"]
+    path = tmp_path / "old.csv"
+    row = {c: "" for c in old}
+    row.update(run_id="x", repeat="0", status="ok", study="strong", ranks="2", steps="1")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=old)
+        w.writeheader()
+        w.writerow(row)
+    got = read_results(str(path))
+    assert len(got) == 1 and got[0]["kernel"] == "" and got[0]["ranks"] == "2"
+    from gqa_mpi.tools.study.plan import StudyError
+    with pytest.raises(StudyError, match="older gqa_mpi"):
+        read_results(str(path), repair=True)
+
+
+def test_config_file_extra_and_numerics_wire_are_honoured(tmp_path):
+    from gqa_mpi.tools.study.cli import settings
+    cfg = tmp_path / "s.json"
+    cfg.write_text('{"extra": "--no-check", "kind": "numerics"}')
+    args, base = settings(dict(config=str(cfg), extra=[], wire="bf16", out=str(tmp_path / "o.csv")))
+    assert args.extra == ["--no-check"] and args.wires == "bf16"

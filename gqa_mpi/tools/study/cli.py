@@ -92,9 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
 def settings(given: Dict):
     """The study's options and its base Config, from defaults, --config and the line."""
     values = dict(DEFAULTS)
-    if given.get("config"):
-        values.update(_load_config(given["config"]))
-    values.update({k: v for k, v in given.items() if k != "config"})
+    from_file = _load_config(given["config"]) if given.get("config") else {}
+    values.update(from_file)
+    # an empty extra on the line (argparse's default) leaves the config file's
+    values.update({k: v for k, v in given.items()
+                   if k != "config" and not (k == "extra" and not v)})
+    for one, many in (("wire", "wires"), ("reduce", "reduces")):
+        if values.get("kind") == "numerics" and one in values and many not in given \
+                and many not in from_file:
+            values[many] = values[one]         # --wire bf16 narrows the numerics sweep
     extra = values.pop("extra", [])
     values["extra"] = shlex.split(extra) if isinstance(extra, str) else list(extra or [])
     kw = {k: values.pop(k) for k in CONFIG_FIELDS if k in values}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Dict, List, Optional, Tuple
 
 from ...core.config import Config, parse_grid
@@ -40,30 +40,40 @@ class Point:
     extra: Tuple[str, ...] = ()
 
     def columns(self) -> Dict:
-        """What the CSV records about the point."""
+        """What the CSV records about the point: :data:`POINT_KEYS`, each Config field
+        as its text (``cubes``/``pes`` as asked; the record's placement fills them)."""
         c = self.config
-        return dict(study=self.study, ranks=self.ranks, cubes="", pes="",
-                    grid=f"{c.grid[0]}x{c.grid[1]}", seq_len=c.seq_len,
-                    tokens_per_rank=c.seq_len // self.ranks, heads_q=c.heads_q,
-                    heads_kv=c.heads_kv, head_dim=c.head_dim, queries=c.queries,
-                    batch=c.B, tile=c.tile, wire=c.wire_format.name,
-                    reduce_schedule=c.reduce, steps=c.steps, extra=shlex.join(self.extra))
+        out = dict(study=self.study, ranks=self.ranks, tokens_per_rank=c.seq_len // self.ranks,
+                   extra=shlex.join(self.extra))
+        for f in fields(Config):
+            if f.name in RESULT_FIELDS:
+                value = c.to_json()[f.name]
+                out[COLUMN.get(f.name, f.name)] = "" if value is None else value
+        out["batch"] = c.B
+        return out
 
     @property
     def run_id(self) -> str:
-        """A stable name: what makes two runs the same experiment."""
-        return run_id(self.columns())
+        """A stable name: what makes two runs the same experiment (every column of
+        :data:`POINT_KEYS` but the derived ``tokens_per_rank``)."""
+        cols = self.columns()
+        return "|".join(f"{k}={cols[k]}" for k in POINT_KEYS if k != "tokens_per_rank")
 
     def argv(self, json_path: str) -> List[str]:
         """``python -m gqa_mpi`` options of one launch, writing its record to ``json_path``."""
         return replace(self.config, json=json_path, quiet=True).to_argv() + list(self.extra)
 
 
-def run_id(columns: Dict) -> str:
-    keys = ("study", "ranks", "grid", "seq_len", "heads_q", "heads_kv", "head_dim",
-            "queries", "batch", "tile", "wire", "reduce_schedule", "extra")
-    steps = "" if str(columns["steps"]) == "1" else f"|steps={columns['steps']}"
-    return "|".join(f"{k}={columns[k]}" for k in keys) + steps
+RESULT_FIELDS = tuple(f.name for f in fields(Config)
+                      if f.metadata["group"] != "outputs" or f.name in ("check", "check_every"))
+"""The Config fields that can change a run's result: all but where outputs go, what is
+printed and the guards (``--max-memory``, ``--timeout``). A new option is in the key
+(and the CSV) without anyone listing it."""
+COLUMN = {"reduce": "reduce_schedule"}
+"""CSV names that differ from the field's (kept from the first studies' files)."""
+POINT_KEYS = (("study", "ranks", "tokens_per_rank")
+              + tuple(COLUMN.get(name, name) for name in RESULT_FIELDS) + ("extra",))
+"""The columns that say what a point is: its key, in this order."""
 
 
 def numerics(base: Config, ranks: List[int], reduces: List[str], wires: List[str],

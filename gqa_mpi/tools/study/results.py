@@ -10,26 +10,28 @@ import time
 from typing import Dict, Iterable, List
 
 from ...app.record import PHASES, RunRecord
-from .plan import Point, StudyError
+from .plan import POINT_KEYS, Point, StudyError
 
-POINT_KEYS = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_rank",
+MEASURED = (tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
+            + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
+               "wall_s", "finished_at", "host", "error", "err_p50", "err_p99",
+               "control_rel_err"))
+COLUMNS = ("run_id", "repeat", "status") + POINT_KEYS + MEASURED
+"""The CSV's columns: the run, the point (:data:`~.plan.POINT_KEYS`), what it measured."""
+STATUSES = ("ok", "check_failed", "failed", "timeout")
+
+_OLD_POINT = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_rank",
               "heads_q", "heads_kv", "head_dim", "queries", "batch", "tile", "wire",
               "reduce_schedule", "steps", "extra")
-COLUMNS = (("run_id", "repeat", "status") + POINT_KEYS
-           + tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
-           + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
-              "wall_s", "finished_at", "host", "error", "err_p50", "err_p99",
-              "control_rel_err"))
-STATUSES = ("ok", "check_failed", "failed", "timeout")
-LEGACY = tuple(c for c in COLUMNS
-               if c not in ("steps", "err_p50", "err_p99", "control_rel_err"))
-"""The columns of a study written before the decode loop (one step per run)."""
-
-
-STATUSES = ("ok", "check_failed", "failed", "timeout")
-LEGACY = tuple(c for c in COLUMNS
-               if c not in ("steps", "err_p50", "err_p99", "control_rel_err"))
-"""The columns of a study written before the decode loop (one step per run)."""
+OLDER = {
+    "before the decode loop": tuple(c for c in ("run_id", "repeat", "status") + _OLD_POINT
+                                    + MEASURED if c not in ("steps", "err_p50", "err_p99",
+                                                            "control_rel_err")),
+    "before the full key": ("run_id", "repeat", "status") + _OLD_POINT + MEASURED,
+}
+"""Headers of studies written by earlier versions. Their rows are read as what they
+are: a column they lack is empty (unknown), ``steps`` is 1 where there was none; their
+run ids are not today's, so a resumed study runs those points again."""
 
 
 def _row_ok(row: Dict) -> bool:
@@ -60,18 +62,20 @@ def read_results(path: str, repair: bool = False) -> List[Dict]:
     text = data.decode("utf-8", errors="replace")
     reader = csv.reader(text.splitlines())
     header = next(reader, None)
-    columns = COLUMNS if header == list(COLUMNS) else LEGACY if header == list(LEGACY) else None
+    older = next((name for name, cols in OLDER.items() if header == list(cols)), None)
+    columns = COLUMNS if header == list(COLUMNS) else OLDER.get(older)
     if columns is None:
         raise StudyError(f"{path}: the header is not a gqa_mpi study's (damaged, or another "
                          f"file); move it away or choose another --out")
-    if columns is LEGACY and repair:
-        raise StudyError(f"{path}: written by an older gqa_mpi (no steps column); summary "
-                         f"and plot still read it, but new runs need another --out")
+    if older and repair:
+        raise StudyError(f"{path}: written by an older gqa_mpi ({older}); summary and plot "
+                         f"still read it, but new runs need another --out")
     rows, garbage = [], []
     for n, fields in enumerate(reader, start=2):
         row = dict(zip(columns, fields)) if len(fields) == len(columns) else {None: fields}
-        if columns is LEGACY and None not in row:
-            row.update(steps="1", err_p50="", err_p99="", control_rel_err="")
+        if older and None not in row:
+            row = dict(dict.fromkeys(COLUMNS, ""), **row)
+            row["steps"] = row["steps"] or "1"
         if _row_ok(row) and not (cut and n == len(lines)):
             rows.append(row)
         elif not (cut and n == len(lines)):
