@@ -18,9 +18,10 @@ from gqa_mpi.core.grid import DIRECTIONS, Grid  # noqa: E402
 from gqa_mpi.core.partition import token_range  # noqa: E402
 from gqa_mpi.core.reference import attention_reference  # noqa: E402
 from gqa_mpi.core.attention import empty_partial, finalize  # noqa: E402
-from gqa_mpi.core.schedules import SCHEDULES, Schedule, Step  # noqa: E402
+from gqa_mpi.core.attention import merge  # noqa: E402
+from gqa_mpi.core.schedules import SCHEDULES, Collective, Schedule, Step, Traffic  # noqa: E402
 from gqa_mpi.core.wires import WIRES  # noqa: E402
-from gqa_mpi.mpi.exchange import execute  # noqa: E402
+from gqa_mpi.mpi.exchange import collective, execute  # noqa: E402
 from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
 from util import spec_depth, spec_schedule  # noqa: E402
@@ -256,6 +257,45 @@ def test_a_schedule_added_in_one_file(C, P):
             assert "star (every rank sends" in record.config.schedule.describe(record.config.layout)
     finally:
         SCHEDULES.unregister("star")
+
+
+class GatherAll(Collective):
+    """A collective written in this test file alone: every packed partial gathered to the
+    root, which merges them in rank order."""
+
+    name = "gather-all"
+    help = "every partial gathered to rank 0, merged there"
+    op = "gather-all"
+    default_wire = "packed"
+
+    def accepts(self, wire):
+        return wire.packed
+
+
+@collective("gather-all")
+def gather_all(comm, partial, wire, root):
+    (_, mine), = wire.encode(partial)[0]
+    every = np.empty((comm.size, mine.size), np.float32) if comm.rank == root else None
+    comm.Gather(mine, every, root=root)
+    if comm.rank != root:
+        return partial, Traffic(1, mine.nbytes)
+    total = wire.decode([("mlO", every[0])], partial)
+    for row in every[1:]:
+        total = merge(total, wire.decode([("mlO", row)], partial))
+    return total, Traffic(1, mine.nbytes)
+
+
+@pytest.mark.parametrize("C,P", [(2, 8), (3, 5)])
+def test_a_collective_added_in_one_file(C, P):
+    """One class and its executor, both registered here: the run takes it."""
+    SCHEDULES.register(GatherAll)
+    try:
+        record = check_step(C, P, 2e-6, reduce="gather-all", causal=True)
+        if record is not None:
+            assert record.messages == C * P
+            assert "MPI picks the pattern" in record.config.schedule.describe(record.config.layout)
+    finally:
+        SCHEDULES.unregister("gather-all")
 
 
 @pytest.mark.parametrize("reduce,wire", [(s.name, s.default_wire) for s in SCHEDULES]

@@ -137,12 +137,17 @@ class Wire:
     packed = False
     """Whether the three tensors travel as one message (``mlO``) instead of three."""
 
-    def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
-        """The buffers of one hop, in send order, and what casting to them lost. A tensor
-        with no elements (the O of a hop that carries only the statistics) is not sent."""
+    def cast_all(self, p: Partial) -> Tuple[List[np.ndarray], Loss]:
+        """``m``, ``l``, ``O`` as they travel, each in its format, and what that lost."""
         cast = [self.cast(i, x) for i, x in enumerate(p)]
         loss = cast_loss(p, Partial(*(self.uncast(i, b) for i, b in enumerate(cast)))) \
             if self.lossy else Loss()
+        return cast, loss
+
+    def encode(self, p: Partial) -> Tuple[Buffers, Loss]:
+        """The buffers of one hop, in send order, and what casting to them lost. A tensor
+        with no elements (the O of a hop that carries only the statistics) is not sent."""
+        cast, loss = self.cast_all(p)
         if self.packed:
             return [("mlO", np.concatenate([b.ravel() for b in cast]))], loss
         return [(name, b) for name, b in zip("mlO", cast) if b.size], loss

@@ -193,41 +193,40 @@ def _allgather(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, 
 
 @collective("alltoall")
 def _alltoall(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Traffic]:
-    """Rows split over the ranks, one all-to-all per tensor, a merge, then a gather."""
+    """Rows (query heads) split over the ranks: one all-to-all per tensor, each rank
+    merging every rank's partial of its rows, then a gather of the merged rows; both in
+    the wire's formats (:meth:`~gqa_mpi.core.wires.Wire.cast_all`)."""
     n, d = comm.size, partial.O.shape[-1]
     flat = Partial(partial.m.reshape(-1), partial.l.reshape(-1), partial.O.reshape(-1, d))
     bounds = [token_range(len(flat.m), n, r) for r in range(n)]
     counts = [b - a for a, b in bounds]
     mine = counts[comm.rank]
-    bufs, loss = wire.encode(flat)
-    got = []
-    sent = 0
-    for i, (name, buf) in enumerate(bufs):
-        width = 1 if i < 2 else d
-        recv = wire.empty(i, (n, mine * width))
-        send_counts = [c * width for c in counts]
-        comm.Alltoallv([as_message(buf.reshape(-1)), (send_counts, [a * width for a, _ in bounds])],
-                       [as_message(recv.reshape(-1)), ([mine * width] * n, [r * mine * width
-                                                                          for r in range(n)])])
-        got.append(recv)
-        sent += (buf.size - send_counts[comm.rank]) * buf.itemsize
-    merged = None
-    for r in range(n):                                  # in rank order, as the chain merges
-        p = Partial(wire.uncast(0, got[0][r]), wire.uncast(1, got[1][r]),
-                    wire.uncast(2, got[2][r]).reshape(mine, d))
-        merged = p if merged is None else merge(merged, p)
-    piece = pack(merged)
-    total = np.empty(len(flat.m) * (d + 2), np.float32) if comm.rank == root else None
-    comm.Gatherv(piece, [total, ([c * (d + 2) for c in counts],
-                                 [a * (d + 2) for a, _ in bounds])] if total is not None
-                 else None, root=root)
-    traffic = Traffic(4, sent + piece.nbytes, loss)
+    widths = (1, 1, d)
+
+    def layout(width):              # counts and displacements of every rank's rows
+        return [c * width for c in counts], [a * width for a, _ in bounds]
+
+    bufs, loss = wire.cast_all(flat)
+    got, sent = [], 0
+    for i, (buf, w) in enumerate(zip(bufs, widths)):
+        recv = wire.empty(i, n * mine * w)
+        comm.Alltoallv([as_message(buf.reshape(-1)), layout(w)],
+                       [as_message(recv), ([mine * w] * n, [r * mine * w for r in range(n)])])
+        got.append(wire.uncast(i, recv).reshape(n, mine, w))
+        sent += (buf.size - counts[comm.rank] * w) * buf.itemsize
+    merged = Partial(got[0][0, :, 0], got[1][0, :, 0], got[2][0])
+    for r in range(1, n):                           # in rank order, as the chain merges
+        merged = merge(merged, Partial(got[0][r, :, 0], got[1][r, :, 0], got[2][r]))
+    pieces, lost = wire.cast_all(merged)
+    total = []
+    for i, (buf, w) in enumerate(zip(pieces, widths)):
+        recv = wire.empty(i, len(flat.m) * w) if comm.rank == root else None
+        comm.Gatherv(as_message(buf.reshape(-1)),
+                     [as_message(recv), layout(w)] if recv is not None else None, root=root)
+        total.append(recv)
+        sent += buf.nbytes
+    traffic = Traffic(6, sent, loss + lost)
     if comm.rank != root:
         return partial, traffic
-    out = Partial(np.empty_like(flat.m), np.empty_like(flat.l), np.empty_like(flat.O))
-    for r, (a, b) in enumerate(bounds):
-        chunk = total[a * (d + 2):b * (d + 2)]
-        rows = unpack(chunk, Partial(out.m[a:b], out.l[a:b], out.O[a:b]))
-        out.m[a:b], out.l[a:b], out.O[a:b] = rows
-    return Partial(out.m.reshape(partial.m.shape), out.l.reshape(partial.l.shape),
-                   out.O.reshape(partial.O.shape)), traffic
+    return Partial(*(wire.uncast(i, t).reshape(x.shape)
+                     for i, (t, x) in enumerate(zip(total, partial)))), traffic
