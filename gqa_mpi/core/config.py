@@ -390,7 +390,8 @@ class Config:
     # ---- serialisation
     def to_json(self) -> Dict:
         """Every field as JSON: each through its ``format`` (grid ``2x4``, split
-        ``3,0,5``, placement ``blocks:B``), and the wire as it resolves."""
+        ``3,0,5``, placement ``blocks:B``), as on the command line, and the wire as it
+        resolves. :meth:`from_json` also reads a split written as a list."""
         d = {f.name: _text(f, getattr(self, f.name)) for f in fields(self)}
         d["wire"] = self.wire_format.name
         return d
@@ -433,8 +434,6 @@ def _text(f, value):
     rest through the field's ``format``."""
     if value is None or isinstance(value, (bool, int, float)):
         return value
-    if f.name == "split":
-        return list(value)         # JSON's own list; the command line's is "3,0,5"
     return f.metadata["format"](value)
 
 
