@@ -21,22 +21,17 @@ def readme_block(after: str) -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_readme_library_example_runs_as_written(tmp_path):
+@pytest.mark.parametrize("heading,prints", [
+    ("## Use it as a library", r"\(1, 2048\) step \d+\.\d ms\n"),
+    ("### A serving loop", re.escape("(1, 2048) {'min': 1000, 'max': 1005}\n")),
+])
+def test_readme_library_examples_run_as_written(tmp_path, heading, prints):
     script = tmp_path / "example.py"
-    script.write_text(readme_block("## Use it as a library"))
+    script.write_text(readme_block(heading))
     proc = subprocess.run(mpirun_command(4, [sys.executable, str(script)]),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert re.fullmatch(r"\(1, 2048\) step \d+\.\d ms\n", proc.stdout), proc.stdout
-
-
-def test_readme_serving_loop_runs_as_written(tmp_path):
-    script = tmp_path / "loop.py"
-    script.write_text(readme_block("### A serving loop"))
-    proc = subprocess.run(mpirun_command(4, [sys.executable, str(script)]),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "(1, 2048) {'min': 1000, 'max': 1005}\n", proc.stdout
+    assert re.fullmatch(prints, proc.stdout), proc.stdout
 
 
 def test_the_loop_on_one_rank_grows_past_its_room_and_matches_the_reference():
