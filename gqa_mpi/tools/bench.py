@@ -11,7 +11,9 @@ thread, and printed as a ratio to a baseline measured alongside it:
   float32 with the query groups folded into the query axis and with ``enable_gqa``,
   each as its time over ours (above 1: we are faster);
 - from real ``mpirun`` launches: reduction time against local time per schedule and
-  wire, and the start-up cost of a tiny 16-rank run against the bare imports.
+  wire, and the start-up cost of a tiny 16-rank run against the bare imports;
+- with ``--kernel-source``: a kernel's own file run through gqa_mpi's ``tl`` against
+  the NumPy sweep of the same float16 tiles, per launch.
 
 Absolute times mean little on a shared or oversubscribed machine; the ratios are the
 result. Run it on idle cores.
@@ -24,6 +26,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import json  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -184,6 +187,40 @@ def reduction_table(ranks: List[int], tokens_per_rank: List[int], steps: int, ti
     return rows
 
 
+def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: int,
+                 repeats: int, timeout: int) -> List[Dict]:
+    """Real launches of ``--kernel-source`` against the same float16 tiles swept by the
+    NumPy kernel (``--kernel numpy --kv-dtype float16``), on one problem with one KV
+    head: the kernel's time over the NumPy step, each the slowest rank's, per launch."""
+    rows = []
+    common = ["--heads-kv", "1", "--heads-q", str(group), "--head-dim", str(d),
+              "--no-check", "--quiet"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            seq = ["--seq-len", str(per_rank * n)]
+            for rep in range(repeats):
+                times = {}
+                for name, args in (("source", ["--kernel-source", source,
+                                               "--softmax-scale", "1"]),
+                                   ("numpy", ["--kernel", "numpy", "--kv-dtype", "float16"])):
+                    path = os.path.join(tmp, f"{name}-{n}-{rep}.json")
+                    proc = subprocess.run(gqa_command(n, seq + common + args + ["--json", path]),
+                                          capture_output=True, text=True, timeout=timeout)
+                    if proc.returncode not in (0, 1):      # 1: the kernel's own numerics
+                        rows.append(dict(ranks=n, error=(proc.stderr.strip().splitlines()
+                                                         or ["?"])[-1]))
+                        break
+                    with open(path) as f:
+                        doc = json.load(f)
+                    times[name] = (max(r["seconds"] for r in doc["ranks"]) if name == "source"
+                                   else RunRecord.from_json(doc).timings()["step"]["max"])
+                if len(times) == 2:
+                    rows.append(dict(ranks=n, tokens_per_rank=per_rank, G=group, d=d,
+                                     source_s=times["source"], numpy_s=times["numpy"],
+                                     source_over_numpy=times["source"] / times["numpy"]))
+    return rows
+
+
 def startup(repeats: int, timeout: int) -> Dict:
     """Import time of the package, and a tiny 16-rank run against bare imports."""
     def wall(cmd):
@@ -248,6 +285,19 @@ def print_tables(result: Dict) -> None:
             print(f"{head} {hops:>4} "
                   f"{r['reduce_s'] * 1e3:>9.2f} {r['local_s'] * 1e3:>9.2f} "
                   f"{r['reduce_over_local']:>12.3f} {r['messages']:>8}")
+    if result.get("source"):
+        print(f"\n--kernel-source {result['source_file']} from real mpirun launches, "
+              f"h_kv=1: the kernel run through gqa_mpi's tl\nover the same float16 tiles "
+              f"swept by the NumPy kernel (slowest rank, one launch each)")
+        print(f"{'ranks':>5} {'tokens/rank':>11} {'G':>3} {'tl ms':>9} {'numpy ms':>9} "
+              f"{'tl/numpy':>9}")
+        for r in result["source"]:
+            if "error" in r:
+                print(f"{r['ranks']:>5}  failed: {r['error']}")
+                continue
+            print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
+                  f"{r['source_s'] * 1e3:>9.1f} {r['numpy_s'] * 1e3:>9.1f} "
+                  f"{r['source_over_numpy']:>9.2f}")
     s = result.get("startup")
     if s:
         print(f"\nstart-up: import gqa_mpi {s['import_s'] * 1e3:.0f} ms; 16-rank tiny run "
@@ -275,6 +325,15 @@ def main(argv=None) -> int:
                         "(default 10)")
     p.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
+    p.add_argument("--kernel-source", metavar="FILE[:FUNCTION]",
+                   help="also time this kernel run through --kernel-source against the "
+                        "NumPy sweep of the same float16 tiles")
+    p.add_argument("--source-ranks", default="16",
+                   help="with --kernel-source: rank counts (default %(default)s)")
+    p.add_argument("--source-tokens", default="64K",
+                   help="with --kernel-source: tokens per rank (default %(default)s)")
+    p.add_argument("--source-group", type=int, default=8,
+                   help="with --kernel-source: G, query heads of the one KV head (default 8)")
     p.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, to check that the benchmark runs")
@@ -284,6 +343,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
         args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 1
+        args.source_ranks, args.source_tokens = "2", "2K"
     try:
         tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
         ranks = [] if args.ranks == "none" else _sizes(args.ranks)
@@ -294,6 +354,11 @@ def main(argv=None) -> int:
                                   args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
     result["reduction"] = reduction_table(ranks, _sizes(args.tokens_per_rank), args.steps,
                                           args.timeout, every_wire=not args.quick)
+    if args.kernel_source:
+        result["source_file"] = args.kernel_source
+        result["source"] = source_table(args.kernel_source, _sizes(args.source_ranks),
+                                        _sizes(args.source_tokens)[0], args.source_group,
+                                        args.head_dim, args.repeats, args.timeout)
     result["startup"] = None if args.no_startup else startup(args.repeats, args.timeout)
     print_tables(result)
     if args.json:
