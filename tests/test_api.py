@@ -3,6 +3,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from gqa_mpi.core.grid import Grid
 from gqa_mpi.core.schedules import SCHEDULES
 from gqa_mpi.core.reference import attention_reference
 from gqa_mpi.tools.launcher import mpirun_command
+from util import run_bounded
 
 README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
 
@@ -103,3 +105,49 @@ def test_decode_refuses_mismatched_k_and_v_and_a_config_that_splits_otherwise():
     cfg = Config(seq_len=12, heads_q=4, heads_kv=2, head_dim=16)
     with pytest.raises(ValueError, match=r"hold \[10\] tokens, but the config splits them as \[12\]"):
         decode(q, np.zeros((10, 32)), np.zeros((10, 32)), cfg, comm=one_rank())
+
+
+@pytest.mark.parametrize("kw,words", [
+    (dict(heads_kv=2, bogus=1), "unknown option(s) bogus"),
+    (dict(heads_kv=2, output="o.npy"), "output: the command line's"),
+    (dict(heads_kv=2, json="r.json", check=True), "check, json: the command line's"),
+    (dict(heads_kv=np.int64(3)), "heads_kv=3 does not divide the width of K, 32"),
+])
+def test_decode_refuses_what_the_library_cannot_take(kw, words):
+    from gqa_mpi import decode
+    q = np.zeros((1, 64), np.float32)
+    k = np.zeros((10, 32), np.float32)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        decode(q, k, k, comm=one_rank(), **kw)
+
+
+def test_decode_takes_numpy_integers_and_refuses_complex_and_empty_caches(tmp_path):
+    from gqa_mpi import decode
+    q = np.ones((1, 64), np.float32)
+    k = np.ones((10, 32), np.float32)
+    trace = tmp_path / "t.json"
+    out = decode(q, k, k, comm=one_rank(), heads_kv=np.int64(2), trace=str(trace))
+    assert out.output.shape == (1, 64) and trace.exists()
+    with pytest.raises(ValueError, match="k must hold real numbers"):
+        decode(q, k.astype(np.complex64), k, comm=one_rank(), heads_kv=2)
+    with pytest.raises(ValueError, match="every rank passed 0 tokens"):
+        decode(q, k[:0], k[:0], comm=one_rank(), heads_kv=2)
+
+
+def test_timeout_works_in_the_library(tmp_path):
+    """A rank that never comes: the library's timeout= ends the job (exit 3), naming
+    what rank 0 waited for, instead of hanging."""
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent("""
+        import time
+        import numpy as np
+        from mpi4py import MPI
+        from gqa_mpi import decode
+        if MPI.COMM_WORLD.rank == 1:
+            time.sleep(600)
+        q, k = np.ones((1, 64), np.float32), np.ones((10, 32), np.float32)
+        decode(q, k, k, heads_kv=2, timeout=2)
+        """))
+    proc = run_bounded(mpirun_command(2, [sys.executable, str(script)]), timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert "--timeout" in proc.stderr

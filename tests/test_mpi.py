@@ -364,3 +364,35 @@ def test_the_library_loop_steps_and_appends_against_the_reference(C, P, causal):
         record, _ = dec.record()
     assert record.ranks[comm.rank].held == len(held[comm.rank])
     comm.Free()
+
+
+DISAGREEMENTS = {  # what rank 1 passes differently: the words every rank's error has
+    "reduce": (dict(reduce="tree"), "rank 1 passed reduce='tree' where rank 0 has 'chain'"),
+    "wire": (dict(wire="fp16"), "rank 1 passed wire='fp16' where rank 0 has 'fp32'"),
+    "heads_kv": (dict(heads_kv=4), "rank 1 passed head_dim=8"),
+    "q": (dict(q_scale=2.0), "rank 1 passed a different q"),
+    "T_q": (dict(T_q=3), "rank 1 passed queries=3 where rank 0 has 2"),
+    "K width": (dict(width=64), "rank 1 passed head_dim=32"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISAGREEMENTS))
+def test_the_library_refuses_ranks_that_disagree_on_every_rank(case):
+    """Every rank raises the same ValueError, naming the rank and what differs; none
+    hangs and none returns a wrong number."""
+    comm = sub_world(4)
+    if comm == MPI.COMM_NULL:
+        return
+    change, words = DISAGREEMENTS[case]
+    mine = change if comm.rank == 1 else {}
+    rng = np.random.default_rng(0)
+    T_q, width = mine.get("T_q", 2), mine.get("width", 32)
+    q = rng.standard_normal((T_q, 64)).astype(np.float32) * mine.get("q_scale", 1.0)
+    k = np.ones((10, width), np.float32)
+    options = dict(heads_kv=mine.get("heads_kv", 2), timeout=60)
+    options.update({key: mine[key] for key in ("reduce", "wire") if key in mine})
+    with pytest.raises(ValueError) as e:
+        decode(q, k, k, comm=comm, **options)
+    messages = comm.allgather(str(e.value))
+    assert len(set(messages)) == 1 and words in messages[0], messages[0]
+    comm.Free()

@@ -21,8 +21,10 @@ The command line is built on it (:mod:`gqa_mpi.app.run`).
 """
 from __future__ import annotations
 
+import operator
 import time
-from dataclasses import dataclass, replace
+import zlib
+from dataclasses import dataclass, fields, replace
 from typing import Dict, Optional
 
 import numpy as np
@@ -35,6 +37,7 @@ from ..mpi import watchdog
 from ..mpi.step import Rank
 from ..mpi.topology import Topology
 from ..core.config import Config
+from .outputs import write_json
 from .record import RankStats, RunRecord
 
 
@@ -58,19 +61,81 @@ def _agree(comm: MPI.Comm, error: Optional[str]) -> None:
         raise ValueError(errors[0])
 
 
+def _fingerprint(q: np.ndarray):
+    """Q as the ranks compare it: shape, dtype and a checksum of its bytes."""
+    q = np.ascontiguousarray(q)
+    return (q.shape, str(q.dtype), zlib.crc32(q.view(np.uint8).reshape(-1)))
+
+
+def _agree_on(comm: MPI.Comm, mine: Dict) -> None:
+    """Raise the same ValueError on every rank unless every rank passed the same
+    ``mine`` (the configuration, Q, the dtype and width of K and V), naming the first
+    rank that differs from rank 0 and what differs."""
+    every = comm.allgather(mine)
+    for rank, theirs in enumerate(every):
+        if theirs == every[0]:
+            continue
+        keys = sorted(k for k in mine if theirs[k] != every[0][k])
+        if "config" in keys:
+            a, b = every[0]["config"], theirs["config"]
+            what = ", ".join(f"{f}={b[f]!r} where rank 0 has {a[f]!r}"
+                             for f in sorted(a) if a[f] != b.get(f))
+        elif "q" in keys:
+            what = (f"a different q (shape {theirs['q'][0]}, checksum {theirs['q'][2]:#x}; "
+                    f"rank 0: shape {every[0]['q'][0]}, checksum {every[0]['q'][2]:#x})")
+        else:
+            what = f"k, v of dtype {theirs['kv'][0]} where rank 0 has {every[0]['kv'][0]}"
+        raise ValueError(f"the ranks disagree: rank {rank} passed {what}; every rank must "
+                         f"pass the same options, the same q and K/V of one dtype")
+
+
 def _rows(a, name: str):
     """``a`` as ``(B, tokens, width)``: arrays, or lazy rows with ``shape`` and ``[:, i:j]``."""
     if isinstance(a, np.ndarray) or not hasattr(a, "shape"):
         a = np.asarray(a)
+    kind = getattr(getattr(a, "dtype", None), "kind", "f")
+    if kind not in "fiu":
+        raise ValueError(f"{name} must hold real numbers (float16 or float32), got "
+                         f"{a.dtype}")
     if len(a.shape) not in (2, 3):
         raise ValueError(f"{name} must be (tokens, width) or (batch, tokens, width), "
                          f"got shape {tuple(a.shape)}")
     return a[None] if len(a.shape) == 2 else a
 
 
-def problem_config(q: np.ndarray, k, lengths, *, heads_kv: Optional[int] = None,
-                   head_dim: Optional[int] = None, **options) -> Config:
+CLI_ONLY = ("output", "json", "check", "check_every", "quiet", "max_memory", "steps",
+            "inputs", "allow_nonfinite", "seed", "placement", "kernel_source")
+"""Config fields that mean nothing to arrays the caller holds (the command line's)."""
+
+
+def _integer(value, name: str):
+    """An int from any integer type (``np.int64(2)``), or ValueError."""
+    if value is None:
+        return None
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+
+
+def problem_config(q: np.ndarray, k, lengths, *, heads_kv=None, head_dim=None,
+                   **options) -> Config:
     """The Config of arrays: shapes from Q and K, the split from each rank's length."""
+    unknown = sorted(set(options) - {f.name for f in fields(Config)})
+    if unknown:
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are "
+                         f"Config's fields: {', '.join(f.name for f in fields(Config))}")
+    given = sorted(set(options) & set(CLI_ONLY))
+    if given:
+        raise ValueError(f"{', '.join(given)}: the command line's, not the library's (the "
+                         f"arrays are yours: O and the record come back, the check is "
+                         f"yours)")
+    heads_kv, head_dim = _integer(heads_kv, "heads_kv"), _integer(head_dim, "head_dim")
+    if not sum(lengths):
+        raise ValueError(f"every rank passed 0 tokens of K and V; the cache needs at "
+                         f"least one ({len(lengths)} ranks)")
     width = k.shape[-1]
     if heads_kv is None and head_dim is None:
         raise ValueError("give heads_kv= (or head_dim=): the width of K, "
@@ -86,8 +151,7 @@ def problem_config(q: np.ndarray, k, lengths, *, heads_kv: Optional[int] = None,
     seq_len = sum(lengths)
     balanced = [b - a for a, b in (token_range(seq_len, len(lengths), r)
                                    for r in range(len(lengths)))]
-    options.setdefault("check", False)
-    return Config(seq_len=seq_len, heads_q=q.shape[-1] // head_dim, heads_kv=heads_kv,
+    return Config(check=False, seq_len=seq_len, heads_q=q.shape[-1] // head_dim, heads_kv=heads_kv,
                   head_dim=head_dim, queries=q.shape[-2],
                   batch=q.shape[0] if q.ndim == 3 else None,
                   split=None if list(lengths) == balanced else tuple(lengths), **options)
@@ -124,9 +188,23 @@ class Decoder:
     def __init__(self, q, k, v, config: Optional[Config] = None, *,
                  comm: Optional[MPI.Comm] = None, **options):
         comm = MPI.COMM_WORLD if comm is None else comm
+        timeout = options.get("timeout", getattr(config, "timeout", None))
+        if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
+                and 0 < timeout < float("inf"):
+            watchdog.arm(comm, timeout)       # before any communication: a rank that
+        try:                                  # never comes is named, not waited for
+            self._open(comm, q, k, v, config, options)
+        except BaseException:
+            watchdog.disarm()
+            raise
+
+    def _open(self, comm, q, k, v, config, options) -> None:
         error = None
         try:
-            q = np.asarray(q, dtype=np.float32)
+            q = np.asarray(q)
+            if q.dtype.kind not in "fiu":
+                raise ValueError(f"q must hold real numbers, got {q.dtype}")
+            q = q.astype(np.float32, copy=False)
             q3 = _queries(q)
             k, v = _rows(k, "k"), _rows(v, "v")
             if tuple(k.shape) != tuple(v.shape):
@@ -135,12 +213,15 @@ class Decoder:
             error = f"rank {comm.rank}: {e}"
         _agree(comm, error)
         lengths = comm.allgather(k.shape[1])
-        error = None
+        error = cfg = None
         try:
             if config is None:
                 config = problem_config(q, k, lengths, **options)
             elif options:
-                config = replace(config, **options)
+                try:
+                    config = replace(config, **options)
+                except TypeError as e:
+                    raise ValueError(f"unknown option: {e}") from None
             cfg = config.placed(comm.size)
             want = [b - a for a, b in map(cfg.tokens, range(comm.size))]
             if lengths != want:
@@ -152,6 +233,8 @@ class Decoder:
         except ValueError as e:
             error = str(e)
         _agree(comm, error)
+        _agree_on(comm, dict(config=cfg.to_json(), q=_fingerprint(q3),
+                             kv=(str(k.dtype), k.shape[0], k.shape[2])))
         self._start(comm, cfg, q3, k, v)
 
     @classmethod
@@ -209,11 +292,16 @@ class Decoder:
 
     def record(self):
         """``(RunRecord, trace)``: every rank's statistics, the same record on every
-        rank; the Chrome trace document on rank 0 with ``trace`` set."""
-        return gather_record(self.cfg, self.topo, self.rank, self.nonfinite)
+        rank; the Chrome trace document on rank 0 with ``trace`` set (and written
+        there, atomically)."""
+        record, trace = gather_record(self.cfg, self.topo, self.rank, self.nonfinite)
+        if trace is not None:
+            write_json(self.cfg.trace, trace)
+        return record, trace
 
     def close(self) -> None:
         self.topo.free()
+        watchdog.disarm()
 
     def __enter__(self) -> "Decoder":
         return self
