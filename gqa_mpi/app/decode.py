@@ -56,7 +56,8 @@ class Decoded:
 
 def _agree(comm: MPI.Comm, error: Optional[str]) -> None:
     """Raise the first rank's error on every rank, so that all leave together."""
-    errors = [e for e in comm.allgather(error) if e]
+    with watchdog.waiting(f"all {comm.size} ranks to make the same library call"):
+        errors = [e for e in comm.allgather(error) if e]
     if errors:
         raise ValueError(errors[0])
 
@@ -71,7 +72,8 @@ def _agree_on(comm: MPI.Comm, mine: Dict) -> None:
     """Raise the same ValueError on every rank unless every rank passed the same
     ``mine`` (the configuration, Q, the dtype and width of K and V), naming the first
     rank that differs from rank 0 and what differs."""
-    every = comm.allgather(mine)
+    with watchdog.waiting(f"all {comm.size} ranks to make the same library call"):
+        every = comm.allgather(mine)
     for rank, theirs in enumerate(every):
         if theirs == every[0]:
             continue
@@ -212,7 +214,7 @@ class Decoder:
         except ValueError as e:
             error = f"rank {comm.rank}: {e}"
         _agree(comm, error)
-        lengths = comm.allgather(k.shape[1])
+        lengths = comm.allgather(k.shape[1])        # every rank has passed _agree
         error = cfg = None
         try:
             if config is None:
