@@ -9,7 +9,7 @@ import pytest
 from gqa_mpi.core.reference import attention_reference
 from gqa_mpi.app.check import compare
 
-from util import distributed, run_cli, write_inputs
+from util import distributed, launch, run_cli, write_inputs
 
 
 def inputs_with(tmp_path, value, tensor, where, S=40, d=16):
@@ -118,3 +118,29 @@ def test_nonfinite_never_passes_compare():
     assert not compare(np.array([1, 1, np.nan, 1]), ref, 1.0).passed
     assert not compare(np.ones(4), np.array([1, np.nan, 1, 1]), 1.0, np.ones(4)).passed
     assert compare(np.ones(4), ref, 0.0).passed
+
+
+def test_the_narrow_wires_tolerance_takes_the_rounding_along_the_whole_path():
+    """On the chain rank 0 never sends, so its own rounding of m is 0; the rule must
+    take the largest on any rank (4 ranks, float16 wire, large scores)."""
+    proc = launch(4, ["--wire", "kernel", "--softmax-scale", 4, "--seq-len", 4096,
+                      "--heads-q", 8, "--heads-kv", 2, "--head-dim", 128])
+    check = next(x for x in proc.stdout.splitlines() if x.startswith("check"))
+    assert proc.returncode == 0 and check.endswith("PASSED"), proc.stdout + proc.stderr
+    assert "tolerance 0.13 = 0.13" in check          # 0.01 + 2 x 0.0598
+
+
+def test_checks_run_after_the_loop_so_no_timed_step_follows_one(capsys, monkeypatch):
+    """A step's time must not depend on whether the steps around it were checked: the
+    root checks every kept output after the last step."""
+    from gqa_mpi.app import decode, run
+    events = []
+    step, check = decode.Decoder.step, run.check_output
+    monkeypatch.setattr(decode.Decoder, "step",
+                        lambda self, q=None: events.append("step") or step(self, q))
+    monkeypatch.setattr(run, "check_output",
+                        lambda *a, **k: events.append("check") or check(*a, **k))
+    code, out, err = run_cli(capsys, "--seq-len", 300, "--steps", 4, "--heads-q", 4,
+                             "--heads-kv", 2, "--head-dim", 8)
+    assert code == 0, out + err
+    assert events == ["step"] * 4 + ["check"] * 4 and "4 of 4 steps checked" in out

@@ -71,7 +71,7 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
                                start, stop)
     if cfg.inputs is not None and not cfg.allow_nonfinite:
         refuse_nonfinite(comm, [("q", q, 0), ("k", k, start), ("v", v, start)])
-    checks, checked = [], []
+    kept = []                       # (step, O, Q) of the checked steps, on rank 0
     dec = Decoder.from_config(comm, cfg, q, k, v)
     try:
         del q, k, v
@@ -84,19 +84,23 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
             # step 0 takes the run's Q (generated, or q.npy)
             q_step = inputs.step_queries(stream, step, cfg.queries) if step else None
             output = dec.step(q_step)
-            if cfg.checked(step):
-                if comm.rank == 0:
-                    watchdog.phase(f"check of step {step}")
-                    checks.append(check_output(cfg, output, dec.rank.traffic.loss.m_rounding,
-                                               step, q_step))
-                    checked.append(step)
-                with watchdog.waiting(f"rank 0 (check of step {step})"):
-                    wait_for_root(dec.topo.comm)     # untimed: the next step starts together
+            if cfg.checked(step) and comm.rank == 0:
+                kept.append((step, output, q_step))
             if step < cfg.steps - 1:
                 dec.append(*future.pop(step, (empty, empty)))
         record, trace = dec.record()
     finally:
         dec.close()
+    checks = []
+    if comm.rank == 0:
+        # checked after the loop, so that no timed step follows a check (whose float64
+        # pass would leave it cold caches and late neighbours); the tolerance takes the
+        # largest rounding of m along the whole path, on any rank
+        rounding = max(r.m_rounding for r in record.ranks)
+        for step, out, q_step in kept:
+            watchdog.phase(f"check of step {step}")
+            checks.append(check_output(cfg, out, rounding, step, q_step))
+    checked = [step for step, _, _ in kept]
     code = 0
     if comm.rank == 0:
         watchdog.phase("outputs")
