@@ -248,7 +248,8 @@ def test_an_older_study_is_read_as_what_it_is(tmp_path):
     old = OLDER["before the full key"]
     path = tmp_path / "old.csv"
     row = {c: "" for c in old}
-    row.update(run_id="x", repeat="0", status="ok", study="strong", ranks="2", steps="1")
+    row.update(run_id="x", repeat="0", status="ok", study="strong", ranks="2", steps="1",
+               seq_len="2000", step_max="0.001")
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=old)
         w.writeheader()
@@ -266,3 +267,49 @@ def test_config_file_extra_and_numerics_wire_are_honoured(tmp_path):
     cfg.write_text('{"extra": "--no-check", "kind": "numerics"}')
     args, base = settings(dict(config=str(cfg), extra=[], wire="bf16", out=str(tmp_path / "o.csv")))
     assert args.extra == ["--no-check"] and args.wires == "bf16"
+
+
+@pytest.mark.parametrize("damage", [dict(ranks="two"), dict(step_max="0"),
+                                    dict(seq_len="1e400"), dict(step_max="nan")])
+def test_damaged_cells_are_damaged_rows_not_tracebacks(tmp_path, damage):
+    from gqa_mpi.tools.study.results import COLUMNS, read_results
+    path = tmp_path / "d.csv"
+    row = {c: "" for c in COLUMNS}
+    row.update(run_id="x", repeat="0", status="ok", study="strong", ranks="2",
+               seq_len="2000", step_max="0.001", steps="1")
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerow(row)
+        w.writerow(dict(row, **damage))
+    assert len(read_results(str(path))) == 1               # the damaged row is skipped
+
+
+@pytest.mark.parametrize("content,words", [
+    (b"\x00\x01\x02binary", "header is not a gqa_mpi study's"),
+    (None, "not a regular file"),
+])
+@pytest.mark.parametrize("command", ["summary", "plot"])
+def test_summary_and_plot_of_bad_files_are_one_line(tmp_path, capsys, content, words, command):
+    from gqa_mpi.tools.study import cli
+    path = tmp_path / "r.csv"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    assert cli.main([command, str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and words in err, err
+    assert cli.main([command, str(tmp_path / "nosuch.csv")]) == 2
+    assert "no such results file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text,words", [("[1, 2]", "top level must be a table"),
+                                        ('{"timeout": true}', "--timeout must be positive"),
+                                        ('{"placement": 7}', "--placement must be")])
+def test_bad_config_files_are_one_line(tmp_path, capsys, text, words):
+    from gqa_mpi.tools.study import cli
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    assert cli.main(["run", "--config", str(path), "--out", str(tmp_path / "o.csv")]) == 2
+    assert words in capsys.readouterr().err

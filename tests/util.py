@@ -1,7 +1,6 @@
 """Helpers shared by the tests: launching real MPI runs, writing inputs."""
 import json
 import os
-import signal
 import subprocess
 import time
 
@@ -11,25 +10,19 @@ from gqa_mpi.core.attention import (causal_limits, empty_partial, finalize, fold
                                local_attention, merge, unfold_output)
 from gqa_mpi.core.kernels import NumpyKernel, make_resident
 from gqa_mpi.core.partition import token_range
+from gqa_mpi.tools import launcher
 from gqa_mpi.tools.launcher import gqa_command
 
 TIMEOUT = 120
 
 
 def run_bounded(cmd, timeout=TIMEOUT, **kw):
-    """``subprocess.run(cmd)`` with output captured, in a session of its own, so that on
-    timeout the launcher and every rank it started are killed (the ranks hold the
-    pipes: killing the launcher alone would leave the wait hanging)."""
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True, **kw) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s:\n"
-                                 f"{(out + err)[-3000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    """:func:`gqa_mpi.tools.launcher.run_bounded`, failing the test on timeout."""
+    try:
+        return launcher.run_bounded(cmd, timeout, **kw)
+    except subprocess.TimeoutExpired as e:
+        raise AssertionError(f"{' '.join(map(str, cmd))} ran past {timeout} s:\n"
+                             f"{((e.stdout or '') + (e.stderr or ''))[-3000:]}") from None
 
 
 def launch(n, args, timeout=TIMEOUT, **kw):

@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 
 from ..core import kernels  # noqa: E402
 from ..core.attention import fold_queries, local_attention  # noqa: E402
-from .launcher import gqa_command, mpirun_command, plain  # noqa: E402
+from .launcher import gqa_command, mpirun_command, plain, run_bounded  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
 from ..core.schedules import SCHEDULES  # noqa: E402
@@ -171,7 +171,7 @@ def reduction_table(ranks: List[int], tokens_per_rank: List[int], steps: int, ti
                 cmd = gqa_command(n, ["--seq-len", str(per_rank * n), "--reduce", schedule,
                                       "--wire", wire, "--steps", str(steps), "--no-check",
                                       "--quiet", "--json", path])
-                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+                proc = _launch(cmd, timeout)
                 if proc.returncode != 0:
                     rows.append(dict(ranks=n, tokens_per_rank=per_rank, reduce=schedule,
                                      wire=wire,
@@ -204,8 +204,8 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
                                                "--softmax-scale", "1"]),
                                    ("numpy", ["--kernel", "numpy", "--kv-dtype", "float16"])):
                     path = os.path.join(tmp, f"{name}-{n}-{rep}.json")
-                    proc = subprocess.run(gqa_command(n, seq + common + args + ["--json", path]),
-                                          capture_output=True, text=True, timeout=timeout)
+                    proc = _launch(gqa_command(n, seq + common + args + ["--json", path]),
+                                   timeout)
                     if proc.returncode not in (0, 1):      # 1: the kernel's own numerics
                         rows.append(dict(ranks=n, error=(proc.stderr.strip().splitlines()
                                                          or ["?"])[-1]))
@@ -219,6 +219,16 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
                                      source_s=times["source"], numpy_s=times["numpy"],
                                      source_over_numpy=times["source"] / times["numpy"]))
     return rows
+
+
+def _launch(cmd: List[str], timeout: float) -> subprocess.CompletedProcess:
+    """One launch; a launch past ``timeout`` is killed with its ranks and comes back as
+    a failure (exit code 124) that says so, so the tables keep what finished."""
+    try:
+        return run_bounded(cmd, timeout)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"timed out after {timeout:g} s "
+                                                         f"(--timeout)")
 
 
 def startup(repeats: int, timeout: int) -> Dict:
@@ -235,6 +245,16 @@ def startup(repeats: int, timeout: int) -> Dict:
     return dict(python_s=bare, import_s=imports - bare, mpirun16_imports_s=mpi_imports,
                 mpirun16_tiny_run_s=tiny, run_over_imports=tiny / mpi_imports,
                 mpirun16_default_run_s=default)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"a positive number of seconds, got {text!r}")
+    return value
 
 
 def _sizes(text: str) -> List[int]:
@@ -316,8 +336,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads-kv", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
-    p.add_argument("--ranks", default="16,64",
-                   help="rank counts for the reduction table; 'none' to skip")
+    p.add_argument("--ranks", default="16",
+                   help="rank counts for the reduction table, e.g. 4,16; 'none' to skip "
+                        "(default %(default)s)")
     p.add_argument("--tokens-per-rank", default="8K",
                    help="S_kv / ranks in the reduction runs, e.g. 8K,64K (default 8K)")
     p.add_argument("--steps", type=int, default=10,
@@ -338,7 +359,9 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="tiny sizes, to check that the benchmark runs")
     p.add_argument("--json", metavar="FILE", help="write every number here too")
-    p.add_argument("--timeout", type=int, default=600, help="per mpirun launch, seconds")
+    p.add_argument("--timeout", type=_seconds, default=600,
+                   help="per mpirun launch, seconds; a launch past it is killed and shown "
+                        "as failed (default %(default)s)")
     args = p.parse_args(argv)
     if args.quick:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
@@ -359,7 +382,12 @@ def main(argv=None) -> int:
         result["source"] = source_table(args.kernel_source, _sizes(args.source_ranks),
                                         _sizes(args.source_tokens)[0], args.source_group,
                                         args.head_dim, args.repeats, args.timeout)
-    result["startup"] = None if args.no_startup else startup(args.repeats, args.timeout)
+    result["startup"] = None
+    if not args.no_startup:
+        try:
+            result["startup"] = startup(args.repeats, args.timeout)
+        except subprocess.SubprocessError as e:    # a timeout or a failed launch
+            print(f"start-up not measured: {e}", file=sys.stderr)
     print_tables(result)
     if args.json:
         write_json(args.json, result)

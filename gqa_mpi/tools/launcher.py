@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from typing import List, Sequence
@@ -49,6 +50,22 @@ def mpirun_command(n: int, args: Sequence[str]) -> List[str]:
 def gqa_command(n: int, args: Sequence[str]) -> List[str]:
     """``mpirun -n N python -m gqa_mpi <args>`` with this Python."""
     return mpirun_command(n, [sys.executable, "-m", "gqa_mpi", *args])
+
+
+def run_bounded(cmd: Sequence[str], timeout: float, **kw) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd)`` with output captured, in a session of its own, so that on
+    timeout the launcher and every rank it started are killed (the ranks hold the
+    pipes: killing the launcher alone would leave the wait hanging). Raises
+    ``subprocess.TimeoutExpired`` (with what was printed) after the kill."""
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, start_new_session=True, **kw) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(list(cmd), timeout, out, err) from None
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
 
 
 def plain(doc: str) -> str:

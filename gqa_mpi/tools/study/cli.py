@@ -47,6 +47,9 @@ def _load_config(path: str) -> Dict:
         raise StudyError(f"--config {path}: {e.strerror}")
     except ValueError as e:
         raise StudyError(f"--config {path}: not valid {'JSON' if path.endswith('.json') else 'TOML'} ({e})")
+    if not isinstance(data, dict):
+        raise StudyError(f"--config {path}: the top level must be a table of options, not "
+                         f"a {type(data).__name__}")
     data = {k.replace("-", "_"): v for k, v in data.items()}
     unknown = set(data) - set(DEFAULTS) - set(CONFIG_FIELDS) - {"extra"}
     if unknown:
@@ -127,9 +130,17 @@ def check_study_args(args) -> None:
         raise StudyError(f"--ranks {args.ranks!r}: expected rank counts such as 1,2,4,8,16")
     if not args.ranks or min(args.ranks) < 1:
         raise StudyError(f"--ranks {args.ranks!r}: every rank count must be at least 1")
-    if not (isinstance(args.repeats, int) and args.repeats >= 1) or not (
-            isinstance(args.timeout, (int, float)) and 0 < args.timeout < float("inf")):
-        raise StudyError("--repeats and --timeout must be positive")
+    if not (isinstance(args.repeats, int) and not isinstance(args.repeats, bool)
+            and args.repeats >= 1):
+        raise StudyError(f"--repeats must be positive (a whole number), got {args.repeats!r}")
+    if not (isinstance(args.timeout, (int, float)) and not isinstance(args.timeout, bool)
+            and 0 < args.timeout < float("inf")):
+        raise StudyError(f"--timeout must be positive (seconds), got {args.timeout!r}")
+    if args.kind == "weak" and not (isinstance(args.tokens_per_rank, int)
+                                    and not isinstance(args.tokens_per_rank, bool)
+                                    and args.tokens_per_rank >= 1):
+        raise StudyError(f"--tokens-per-rank must be positive (a whole number), got "
+                         f"{args.tokens_per_rank!r}")
     if args.kind not in KINDS:
         raise StudyError(f"--kind must be one of {', '.join(KINDS)}, got {args.kind!r}")
     why = check_paths({"--out": args.out})
@@ -147,22 +158,23 @@ def check_study_args(args) -> None:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command == "plot":
-        from .plots import plot
-        out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.csv))
-        for path in plot(args.csv, out_dir):
-            print(path)
-        return 0
-    if args.command == "summary":
-        if not os.path.isfile(args.csv):
-            print(f"gqa_mpi.study: error: {args.csv}: no such results file", file=sys.stderr)
-            return 2
+    if args.command in ("plot", "summary"):
+        why = (f"{args.csv}: no such results file" if not os.path.exists(args.csv) else
+               f"{args.csv}: not a regular file" if not os.path.isfile(args.csv) else None)
         try:
-            summarise(read_results(args.csv), sys.stdout)
+            if why:
+                raise StudyError(why)
+            if args.command == "summary":
+                summarise(read_results(args.csv), sys.stdout)
+                return 0
+            from .plots import plot
+            out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.csv))
+            for path in plot(args.csv, out_dir):
+                print(path)
+            return 0
         except StudyError as e:
             print(f"gqa_mpi.study: error: {e}", file=sys.stderr)
             return 2
-        return 0
     from .runner import run_study
     out = getattr(args, "out", DEFAULTS["out"])
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 from typing import Dict, List
 
+from .plan import StudyError
 from .results import medians, read_results, scaling
 
 SWEEP_FIELDS = {"tile": "tile", "wire": "wire", "reduce": "reduce_schedule", "grid": "grid"}
@@ -33,7 +34,7 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
                          "pip install -e \".[study]\"")
     points = scaling(medians(read_results(csv_path)))
     if not points:
-        raise SystemExit(f"gqa_mpi.study plot: no finished runs in {csv_path}")
+        raise StudyError(f"{csv_path}: no finished runs to plot")
     os.makedirs(out_dir, exist_ok=True)
     written = []
     stem = os.path.splitext(os.path.basename(csv_path))[0]

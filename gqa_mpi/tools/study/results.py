@@ -3,6 +3,7 @@ once; read back whole, repaired after a kill, and summarised (medians, scaling).
 from __future__ import annotations
 
 import csv
+import math
 import os
 import statistics
 import sys
@@ -34,11 +35,41 @@ are: a column they lack is empty (unknown), ``steps`` is 1 where there was none;
 run ids are not today's, so a resumed study runs those points again."""
 
 
+COUNTS = ("repeat", "ranks", "seq_len", "tokens_per_rank", "heads_q", "heads_kv",
+          "head_dim", "queries", "batch", "tile", "steps")
+"""Columns that hold counts (whole numbers; all but ``repeat`` and ``tokens_per_rank``
+at least 1)."""
+
+
 def _row_ok(row: Dict) -> bool:
-    """A whole row: every column present, a known status, a numeric repeat."""
+    """A whole row whose cells can be what they say: every column present, a known
+    status, counts that are counts, and for a finished run finite, non-negative times
+    with a positive step. A row that fails is damaged: skipped, and its run redone."""
     if None in row or any(v is None for v in row.values()):
         return False
-    return row["status"] in STATUSES and row["repeat"].isdigit() and bool(row["run_id"])
+    if row["status"] not in STATUSES or not row["run_id"]:
+        return False
+    for key in COUNTS:
+        value = row.get(key, "")
+        if key in ("repeat", "ranks", "seq_len") or value != "":
+            low = 0 if key in ("repeat", "tokens_per_rank") else 1
+            if not (value.isdigit() and int(value) >= low):
+                return False
+    if row["status"] == "ok":
+        for key in (k for k in MEASURED if k.endswith(("_min", "_median", "_max"))):
+            if row[key] == "":
+                continue
+            try:
+                value = float(row[key])
+            except ValueError:
+                return False
+            if not (math.isfinite(value) and value >= 0):
+                return False
+        try:
+            return float(row["step_max"]) > 0
+        except ValueError:
+            return False
+    return True
 
 
 def read_results(path: str, repair: bool = False) -> List[Dict]:
@@ -59,7 +90,7 @@ def read_results(path: str, repair: bool = False) -> List[Dict]:
         return []
     lines = data.split(b"\n")
     cut = lines[-1] != b""            # no newline at the end: a row cut by a kill
-    text = data.decode("utf-8", errors="replace")
+    text = data.decode("utf-8-sig", errors="replace")   # a spreadsheet may add a BOM
     reader = csv.reader(text.splitlines())
     header = next(reader, None)
     older = next((name for name, cols in OLDER.items() if header == list(cols)), None)
