@@ -139,3 +139,17 @@ def test_placements_and_the_growing_cache():
     every = Config(steps=5, check_every=2)
     assert [every.checked(s) for s in range(5)] == [False, True, False, True, True]
     assert not Config(steps=5, check=False).checked(4)
+
+
+def test_a_wire_chosen_by_another_option_is_refused_in_that_options_name():
+    with pytest.raises(ValueError, match="--kernel-faithful sends the kernel wire, which "
+                                         "--reduce mpi cannot carry"):
+        Config(kernel_faithful=True, reduce="mpi")
+    with pytest.raises(ValueError, match=r"leave --wire out for packed"):
+        Config(reduce="mpi", wire="fp32")
+
+
+def test_the_memory_advice_names_steps_when_the_cache_grows():
+    from gqa_mpi.app.sizing import advice
+    assert "fewer --steps" in advice(Config(steps=1000), True)
+    assert "fewer --steps" not in advice(Config(), True)

@@ -313,3 +313,10 @@ def test_bad_config_files_are_one_line(tmp_path, capsys, text, words):
     path.write_text(text)
     assert cli.main(["run", "--config", str(path), "--out", str(tmp_path / "o.csv")]) == 2
     assert words in capsys.readouterr().err
+
+
+def test_a_numerics_study_without_its_check_is_refused(tmp_path, capsys):
+    from gqa_mpi.tools.study import cli
+    assert cli.main(["run", "--kind", "numerics", "--out", str(tmp_path / "n.csv"),
+                     "--", "--no-check"]) == 2
+    assert "drop --no-check" in capsys.readouterr().err

@@ -57,3 +57,36 @@ def test_chrome_trace_names_every_rank_and_draws_the_arrows():
 def test_unmatched_messages_draw_no_arrow():
     recv_only = [[e for e in two_ranks()[0]], []]
     assert flows(recv_only) == []
+
+
+def test_events_share_one_time_axis_and_arrows_go_forward():
+    """Each rank offsets its clock by rank 0's wall time at the start, and an arrow
+    leaves at its send's start and lands at its receive's end."""
+    from gqa_mpi.core.trace import Recorder, flows
+    import time
+    wall = time.time()
+    a, b = Recorder(0, events=True), Recorder(1, events=True)
+    a.start(wall)
+    time.sleep(0.01)
+    b.start(wall)                  # started 10 ms later, on the same time axis
+    t = time.perf_counter()
+    a.message("send", "intra_W", 1, "m", 4, t, t + 1e-4)
+    b.message("recv", "intra_E", 0, "m", 4, t, t + 1e-4)
+    assert abs(b.events[0]["ts"] - a.events[0]["ts"]) < 2e3  # one instant, one time
+    lone = Recorder(1, events=True)
+    lone.start()                   # its own origin: the same instant 10 ms earlier
+    lone.message("recv", "intra_E", 0, "m", 4, t, t + 1e-4)
+    assert a.events[0]["ts"] - lone.events[0]["ts"] > 9e3
+    s, f = flows([a.events, b.events])
+    assert s["ts"] == a.events[0]["ts"] and f["ts"] > s["ts"]
+    assert b.events[0]["ts"] <= f["ts"] <= b.events[0]["ts"] + b.events[0]["dur"]
+
+
+def test_a_paused_recorder_keeps_timings_but_no_events():
+    from gqa_mpi.core.trace import Recorder
+    rec = Recorder(0, events=True)
+    rec.paused = True
+    with rec.phase("local_attention"):
+        pass
+    rec.counter("scratch", 1)
+    assert rec.events == [] and "local_attention" in rec.timings and rec.last

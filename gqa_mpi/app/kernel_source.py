@@ -117,7 +117,7 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
     watch = Watch(topo, path)
     backend = Backend(place.pe, place.cube, regions, MpiLink(topo, watch, rec), path, rec)
     watchdog.rendezvous(topo.comm, "the kernel's start")
-    rec.start()
+    rec.start(topo.comm.bcast(time.time() if topo.is_root else None, root=0))
     t0 = time.perf_counter()
     watchdog.phase("the kernel under test")
     try:

@@ -75,6 +75,9 @@ def advice(cfg, root_heavy: bool) -> str:
     hints = []
     if root_heavy and cfg.check:
         hints.append("--no-check (the float64 check holds all of K and V on rank 0)")
+    if cfg.steps > 1:
+        hints.append(f"fewer --steps (the cache grows by {cfg.queries} token(s) a step, "
+                     f"to {cfg.final_len})")
     hints.append("more ranks (mpirun -n)")
     if cfg.kv_dtype != "float16":
         hints.append("--kv-dtype float16")

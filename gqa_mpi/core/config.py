@@ -171,7 +171,8 @@ class Config:
     memory, hosts, MPI library"""
     trace: Optional[str] = opt(None, "outputs", metavar="FILE.json", shown="none")
     """rank 0 writes a Chrome trace-event timeline (open it in https://ui.perfetto.dev):
-    phases, chain steps, every message and an arrow from each send to its receive"""
+    phases, chain steps, every message and an arrow from each send to its receive, on
+    one time axis for all ranks; with --steps, the first 20 steps"""
     trace_tiles: bool = opt(False, "outputs")
     """with --trace: one event per tile of the local sweep too"""
     check: bool = opt(True, "outputs")
@@ -231,7 +232,9 @@ class Config:
                                  f"{', '.join(choices)}, got {getattr(self, name)!r}")
         if self.wire is not None:
             WIRES.get(self.wire)
-        self.schedule.check_wire(self.wire_format, self.wire)
+        self.schedule.check_wire(self.wire_format, self.wire, because=(
+            "--kernel-faithful" if self.kernel_faithful else
+            "--kernel-source" if self.kernel_source is not None else None))
         if self.split is not None and (min(self.split, default=0) < 0
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "

@@ -3,8 +3,9 @@
 :class:`Recorder` always keeps the seconds spent per phase; with ``events=True`` it
 also keeps one duration event per phase, chain step, tile and message, in the
 ``{"traceEvents": [...]}`` format that Perfetto and chrome://tracing open.
-Timestamps are microseconds since ``origin``, which each rank takes right after a
-barrier, so every rank's timeline starts together.
+Timestamps are microseconds since one origin common to all ranks: rank 0's wall clock
+at the start, which each rank receives and offsets its own monotonic clock by, so a
+message's receive never appears to end before its send began.
 """
 from __future__ import annotations
 
@@ -28,16 +29,25 @@ class Recorder:
         self.last: Dict[str, float] = {}
         """Seconds of each phase the last time it ran (a decode step's own phases)."""
         self.origin = time.perf_counter()
+        self.shift = 0.0
         self.seq = 0
+        self.paused = False
+        """While true, no event is kept (timings still are): a long decode loop traces
+        its first steps only, so the trace stays bounded."""
 
-    def start(self) -> None:
-        """Set the common origin (call right after a barrier)."""
+    def start(self, common_wall: Optional[float] = None) -> None:
+        """Set this rank's origin; ``common_wall`` (``time.time()`` of rank 0 at the
+        start, broadcast) puts every rank's events on one time axis."""
         self.origin = time.perf_counter()
+        self.shift = 0.0 if common_wall is None else time.time() - common_wall
+
+    def _ts(self, t: float) -> float:
+        return (t - self.origin + self.shift) * 1e6
 
     def _event(self, name: str, cat: str, t0: float, t1: float, args: Dict) -> None:
-        self.events.append(dict(name=name, cat=cat, ph="X", pid=self.rank, tid=0,
-                                ts=(t0 - self.origin) * 1e6, dur=(t1 - t0) * 1e6,
-                                args=args))
+        if not self.paused:
+            self.events.append(dict(name=name, cat=cat, ph="X", pid=self.rank, tid=0,
+                                    ts=self._ts(t0), dur=(t1 - t0) * 1e6, args=args))
 
     @contextmanager
     def phase(self, name: str, **args):
@@ -65,9 +75,9 @@ class Recorder:
 
     def counter(self, name: str, value: float) -> None:
         """A sample of a counter track (Perfetto draws it as a graph under the rank)."""
-        if self.events is not None:
+        if self.events is not None and not self.paused:
             self.events.append(dict(name=name, ph="C", pid=self.rank, tid=0,
-                                    ts=(time.perf_counter() - self.origin) * 1e6,
+                                    ts=self._ts(time.perf_counter()),
                                     cat="counter", args={name: value}))
 
     def tile(self, index: int, start: int, stop: int, t0: float, t1: float) -> None:
@@ -90,8 +100,9 @@ def flows(per_rank_events: List[List[Dict]]) -> List[Dict]:
     """Flow arrows from each message's send to its receive, so Perfetto draws the chain.
 
     MPI delivers the messages of one (sender, receiver, tag) in order, so the k-th send
-    of a tensor from rank a to rank b is the k-th receive of it at b from a. Each end of
-    an arrow sits in the middle of its message's slice.
+    of a tensor from rank a to rank b is the k-th receive of it at b from a. An arrow
+    leaves at the start of its send and lands at the end of its receive, so on the
+    common time axis it never points back in time.
     """
     ends: Dict[tuple, Dict[str, List[Dict]]] = {}
     for rank, events in enumerate(per_rank_events):
@@ -107,8 +118,10 @@ def flows(per_rank_events: List[List[Dict]]) -> List[Dict]:
         for s, r in zip(sorted(sides["send"], key=order), sorted(sides["recv"], key=order)):
             n = len(arrows) // 2 + 1
             common = dict(name=f"{tensor} {src}->{dst}", cat="flow", id=n, tid=0)
-            arrows.append(dict(common, ph="s", pid=src, ts=s["ts"] + s["dur"] / 2))
-            arrows.append(dict(common, ph="f", bp="e", pid=dst, ts=r["ts"] + r["dur"] / 2))
+            arrows.append(dict(common, ph="s", pid=src, ts=s["ts"]))
+            # inside the receive's slice, for Perfetto to bind the arrow to it
+            arrows.append(dict(common, ph="f", bp="e", pid=dst,
+                               ts=r["ts"] + max(r["dur"] - 0.01, 0.0)))
     return arrows
 
 

@@ -31,6 +31,10 @@ from .exchange import execute
 from .faults import inject
 from .topology import Topology
 
+TRACE_STEPS = 20
+"""Decode steps whose events ``--trace`` keeps (timings are kept for every step)."""
+
+
 @dataclass
 class Rank:
     """One rank's PE across decode steps: its resident cache and what it measured."""
@@ -71,7 +75,8 @@ class Rank:
             # step of a running model finds them set up, so the timed step should too
             execute(topo, empty_partial(1, 1, 1, 1), cfg.schedule, cfg.wire_format)
         watchdog.rendezvous(topo.comm, "the start of the step")
-        rank.recorder.start()  # a common origin for every rank's clock
+        wall = topo.comm.bcast(time.time() if topo.is_root else None, root=0)
+        rank.recorder.start(wall)  # one time axis for every rank's events
         with rank.recorder.phase("inputs", tokens=[start, start + k_rows.shape[1]]):
             watchdog.phase("inputs")
             inject("inputs", topo.rank)
@@ -112,6 +117,7 @@ class Rank:
             self.q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
         out = None
         rec.last.clear()
+        rec.paused = index >= TRACE_STEPS    # a long loop traces its first steps only
         with rec.phase("local_attention", tile=cfg.tile, step=index):
             watchdog.phase("local_attention")
             inject("local_attention", topo.rank)

@@ -98,6 +98,8 @@ def plan(kind: str, base: Config, ranks: List[int], tokens_per_rank: int,
     """The study's points, in run order (without repeats); each one checked as it will
     be placed, so that a point gqa_mpi would refuse is refused here, before any launch."""
     if kind == "numerics":
+        if not base.check or "--no-check" in extra:
+            raise StudyError("a numerics study records the check's errors; drop --no-check")
         points = numerics(base, ranks, reduces or [], wires or [], extra)
     elif kind in ("strong", "weak"):
         points = [Point(kind, n, base if kind == "strong"
