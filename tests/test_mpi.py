@@ -4,6 +4,9 @@
 sub-communicators of the sizes it needs out of the 16 ranks, so many topologies are
 checked in one launch; ranks outside a sub-communicator sit the case out.
 """
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -396,3 +399,63 @@ def test_the_library_refuses_ranks_that_disagree_on_every_rank(case):
     messages = comm.allgather(str(e.value))
     assert len(set(messages)) == 1 and words in messages[0], messages[0]
     comm.Free()
+
+
+REFERENCE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared",
+                                          "reference", "_gqa_attention_decode_long.py"))
+
+
+def run_source(C, P, tmp_path, **kw):
+    """``--kernel-source`` in this process on C*P ranks: (exit code, record on rank 0)."""
+    from gqa_mpi.app import kernel_source
+    comm = sub_world(C * P)
+    if comm == MPI.COMM_NULL:
+        return None, None
+    path = comm.bcast(str(tmp_path / "r.json") if comm.rank == 0 else None)
+    cfg = Config(cubes=C, pes=P, quiet=True, json=path, **kw).placed(C * P)
+    code = kernel_source.run(comm, cfg)
+    record = None
+    if comm.rank == 0:
+        with open(path) as f:
+            record = json.load(f)
+    comm.Free()
+    return code, record
+
+
+@pytest.mark.parametrize("C,P,S", [(1, 1, 3001), (2, 8, 3001), (2, 6, 3001), (3, 5, 3001),
+                                   (2, 8, 10)])
+def test_corrected_kernel_passes_on_every_grid(tmp_path, C, P, S):
+    """builtin:corrected against float64 exact attention: full and short rows, an
+    S_kv that is no multiple of C*P, and fewer tokens than ranks."""
+    code, record = run_source(C, P, tmp_path, kernel_source="builtin:corrected", seq_len=S,
+                              heads_q=8, heads_kv=2, head_dim=16, queries=2)
+    if record is not None:
+        assert code == 0 and record["check"]["passed"], record["check"]
+        assert sum(r["k_rows"] for r in record["ranks"]) == S          # every token read
+        assert record["check"]["max_rel_err"] < 2e-3                     # float16 O
+
+
+@pytest.mark.skipif(not os.path.exists(REFERENCE), reason="no ../shared/reference")
+def test_reference_kernel_passes_on_equal_keys_and_overflows_at_128k(tmp_path):
+    """The kernel as written: right where its defects do not bite (equal keys, one KV
+    head, no scale), and its float16 l overflows at 128K tokens of equal scores."""
+    if MPI.COMM_WORLD.rank == 0:
+        rng = np.random.default_rng(0)
+        for name, k, v in (("eq", np.full((4096, 16), 0.25), rng.standard_normal((4096, 16))),
+                           ("ov", np.zeros((1 << 17, 8)), np.ones((1 << 17, 8)))):
+            d = tmp_path / name
+            d.mkdir()
+            for t, a in (("q", rng.standard_normal((1, 4 * k.shape[1]))), ("k", k), ("v", v)):
+                np.save(d / f"{t}.npy", a.astype(np.float16))
+    where = MPI.COMM_WORLD.bcast(str(tmp_path) if MPI.COMM_WORLD.rank == 0 else None)
+    code, record = run_source(2, 8, tmp_path, kernel_source=REFERENCE, softmax_scale=1.0,
+                              inputs=os.path.join(where, "eq"), seq_len=4096, heads_q=4,
+                              heads_kv=1, head_dim=16, kv_dtype="float16")
+    if record is not None:
+        assert code == 0 and record["check"]["passed"], record["check"]
+    code, record = run_source(2, 8, tmp_path, kernel_source=REFERENCE, softmax_scale=1.0,
+                              inputs=os.path.join(where, "ov"), seq_len=1 << 17, heads_q=4,
+                              heads_kv=1, head_dim=8, kv_dtype="float16")
+    if record is not None:
+        assert code == 1 and not record["check"]["passed"]
+        assert any(c == "+" for r in record["ranks"] for c, _, _ in r["nonfinite"])

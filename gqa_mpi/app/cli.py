@@ -16,6 +16,7 @@ from typing import List, Optional
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+from ..mpi import launch_check  # noqa: E402  (before mpi4py.MPI: defers MPI_Init)
 from mpi4py import MPI  # noqa: E402
 
 from .. import __version__  # noqa: E402
@@ -200,6 +201,10 @@ def _memory_verdict(comm, cfg, limit, mine):
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m gqa_mpi`` and ``gqa-mpi``; returns the exit code."""
+    why = launch_check.initialize()
+    if why:
+        launch_check.refuse(why)
+        return EXIT_USAGE
     comm = MPI.COMM_WORLD
     seconds = watchdog.early_timeout(argv)
     if seconds:

@@ -189,6 +189,8 @@ class Decoder:
 
     def __init__(self, q, k, v, config: Optional[Config] = None, *,
                  comm: Optional[MPI.Comm] = None, **options):
+        if not MPI.Is_initialized():      # the command line, imported first, defers it
+            MPI.Init_thread(MPI.THREAD_MULTIPLE)
         comm = MPI.COMM_WORLD if comm is None else comm
         timeout = options.get("timeout", getattr(config, "timeout", None))
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \

@@ -366,7 +366,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
         args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 1
-        args.source_ranks, args.source_tokens = "2", "2K"
+        args.source_ranks, args.source_tokens = "1", "1K"
     try:
         tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
         ranks = [] if args.ranks == "none" else _sizes(args.ranks)
