@@ -31,7 +31,7 @@ def line(proc, head):
 def test_corrected_kernel_passes_and_its_trace_shows_every_call(tmp_path):
     """A real launch with --trace; the other grids, S_kv < C*P and the reference
     kernel's passing and overflowing cases run in-process in tests/test_mpi.py."""
-    n, grid = 16, []
+    n, grid = 8, ["--cubes", 2]
     trace = tmp_path / "t.json"
     proc = launch(n, ["--kernel-source", "builtin:corrected", "--seq-len", 1501,
                       "--heads-q", 8, "--heads-kv", 2, "--head-dim", 16, "--queries", 2,
@@ -70,7 +70,7 @@ def test_reference_kernel_fails_on_random_gqa_and_agrees_with_the_faithful_model
 
 @needs_reference
 def test_reference_kernel_short_row_is_a_fault_not_a_hang():
-    proc = launch(12, ["--kernel-source", REFERENCE, "--seq-len", 1200] + SMALL)
+    proc = launch(6, ["--kernel-source", REFERENCE, "--seq-len", 1200] + SMALL)   # P = 6
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "tl.recv(dir='intra_E'): PE 5 of cube" in proc.stderr
     assert "would wait here forever" in proc.stderr
@@ -92,7 +92,7 @@ FAULTS = {
         """, "expects 6 bytes (shape (3,) f16), but the message sent has 12 bytes", ":7)"),
     "own exception": ("""
         def boom_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
-            if tl.program_id(axis=0) == 2:
+            if tl.program_id(axis=0) == 1:
                 {}["nope"]
         """, "KeyError: 'nope'", "line 4, in boom_kernel"),
     "deadlock": ("""
@@ -101,7 +101,7 @@ FAULTS = {
             other = "intra_E" if pe % 2 == 0 else "intra_W"
             y = tl.recv(dir=other, shape=(4,), dtype="f32")
             tl.send(dir=other, src=y)
-        """, "rank 3 (cube 0, PE 3) waits in tl.recv(dir='intra_W') at", "k.py:5"),
+        """, "rank 1 (cube 0, PE 1) waits in tl.recv(dir='intra_W') at", "k.py:5"),
     "never received": ("""
         def lost_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
             if tl.program_id(axis=0) == 1:
@@ -113,7 +113,7 @@ FAULTS = {
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
     body, says, where = FAULTS[name]
-    proc = launch(4, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64] + SMALL,
+    proc = launch(2, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64] + SMALL,
                   timeout=30)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert says in proc.stderr and where in proc.stderr
