@@ -42,3 +42,28 @@ def test_only_the_process_numbered_0_speaks():
     assert lc.speaks(None) and lc.speaks(lc.launch({"PMI_SIZE": "2", "PMI_RANK": "0"}))
     assert not lc.speaks(lc.launch({"PMI_SIZE": "2", "PMI_RANK": "1"}))
     assert lc.family(MPICH) == "mpich" and lc.family(OPENMPI) == "openmpi"
+
+
+@pytest.mark.launch
+def test_both_directions_for_real(tmp_path):
+    """Open MPI's mpirun over the mpich wheel's MPICH, and MPICH's mpiexec over an
+    mpi4py that loaded Open MPI: one line each, exit 2 (where Open MPI is installed)."""
+    import os
+    import sys
+    from gqa_mpi.tools.launcher import mpirun, open_mpi
+    from util import run_bounded
+    prefix = open_mpi()
+    if prefix is None:
+        pytest.skip("no Open MPI beside the default MPI (apt-get install openmpi-bin)")
+    gqa = [sys.executable, "-m", "gqa_mpi", "--seq-len", "100"]
+    # Open MPI's own mpirun, mpi4py left to load the mpich wheel's library
+    cmd = [prefix[0], *(["--allow-run-as-root"] if os.geteuid() == 0 else []),
+           "--oversubscribe", "-n", "2", *gqa]
+    proc = run_bounded(cmd, timeout=60)
+    assert proc.returncode == 2 and "which that launcher cannot start" in proc.stderr, \
+        proc.stderr
+    assert proc.stderr.count("gqa_mpi: error:") == 1
+    proc = run_bounded([mpirun(), "-n", "2", *gqa], timeout=60,
+                       env=dict(os.environ, MPI4PY_MPIABI="openmpi"))
+    assert proc.returncode == 2 and "sees a world of 1" in proc.stderr, proc.stderr
+    assert proc.stderr.count("gqa_mpi: error:") == 1 and "Open MPI" in proc.stderr

@@ -130,9 +130,11 @@ def initialize() -> Optional[str]:
 
 
 def refuse(why: str) -> None:
-    """Print ``why`` from the process numbered 0; the others wait a moment, so that a
-    launcher that ends the job on the first failed process still forwards the line."""
-    if speaks(launch()):
+    """Print ``why`` from the process numbered 0. Under Open MPI's launcher, which ends
+    the job on the first failed process and may drop what the others printed, the
+    others wait a moment so that the line is forwarded first."""
+    got = launch()
+    if speaks(got):
         print(f"gqa_mpi: error: {why}", file=sys.stderr, flush=True)
-    else:
+    elif got is not None and got.family == "openmpi":
         time.sleep(1.0)
