@@ -15,7 +15,7 @@ import uuid
 import numpy as np
 import pytest
 
-from gqa_mpi.tools.launcher import is_open_mpi, mpirun
+from gqa_mpi.tools.launcher import is_open_mpi, mpirun, open_mpi
 from gqa_mpi.core.reference import attention_reference
 
 from util import random_inputs, write_inputs
@@ -40,8 +40,6 @@ def sh(*cmd):
 def two_hosts(tmp_path):
     if shutil.which("ip") is None:
         pytest.skip("no 'ip' command (iproute2) to make network namespaces")
-    if is_open_mpi():
-        pytest.skip("the two-host test drives MPICH's Hydra launcher")
     tag = uuid.uuid4().hex[:6]
     ns_a, ns_b = f"gqa-a-{tag}", f"gqa-b-{tag}"
     dev_a, dev_b = f"gqa{tag}a", f"gqa{tag}b"
@@ -79,17 +77,35 @@ def rx_bytes(ns, dev):
     return json.loads(out.stdout)[0]["stats64"]["rx"]["bytes"]
 
 
-def test_sixteen_ranks_on_two_hosts(two_hosts, tmp_path):
+def launch_command(library, hosts):
+    """MPICH's Hydra (-launcher-exec) or Open MPI's mpirun (plm_rsh_agent), each entering
+    the host's namespace through the rsh script, with traffic forced onto TCP."""
+    if library == "mpich":
+        if is_open_mpi():
+            pytest.skip("the default launcher is Open MPI's, not MPICH's Hydra")
+        return [mpirun(), "-f", hosts["hosts"], "-launcher", "rsh", "-launcher-exec",
+                hosts["rsh"], "-iface", hosts["dev"], "-n", "16", "-genv", "UCX_TLS",
+                "tcp,self"]
+    prefix = open_mpi()
+    if prefix is None:
+        pytest.skip("no Open MPI beside the default MPI (apt-get install openmpi-bin)")
+    net = "10.77.0.0/24"
+    return prefix + ["--mca", "plm_rsh_agent", hosts["rsh"], "--host",
+                     "10.77.0.1:8,10.77.0.2:8", "--mca", "pml", "ob1", "--mca", "btl",
+                     "tcp,self", "--mca", "btl_tcp_if_include", net, "--mca",
+                     "oob_tcp_if_include", net, "-n", "16"]
+
+
+@pytest.mark.parametrize("library", ["mpich", "openmpi"])
+def test_sixteen_ranks_on_two_hosts(two_hosts, tmp_path, library):
     rng = np.random.default_rng(12)
     q, k, v = random_inputs(rng, S=20000, h_q=32, h_kv=8, d=128)
     d = write_inputs(tmp_path / "in", q, k, v)
     o = tmp_path / "o.npy"
     before = rx_bytes(two_hosts["ns"], two_hosts["dev"])
-    cmd = ["ip", "netns", "exec", two_hosts["ns"], mpirun(), "-f", two_hosts["hosts"],
-           "-launcher", "rsh", "-launcher-exec", two_hosts["rsh"], "-iface",
-           two_hosts["dev"], "-n", "16", "-genv", "UCX_TLS", "tcp,self",
-           sys.executable, "-m", "gqa_mpi", "--cubes", "2", "--pes", "8",
-           "--inputs", d, "--output", str(o)]
+    cmd = (["ip", "netns", "exec", two_hosts["ns"]] + launch_command(library, two_hosts)
+           + [sys.executable, "-m", "gqa_mpi", "--cubes", "2", "--pes", "8",
+              "--inputs", d, "--output", str(o)])
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180,
                           cwd=os.path.dirname(os.path.dirname(__file__)))
     assert proc.returncode == 0, proc.stdout + proc.stderr

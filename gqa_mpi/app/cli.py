@@ -182,7 +182,10 @@ def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
 
 
 def _memory_verdict(comm, cfg, limit, mine):
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    # the ranks of one host, by its name: Split_type(COMM_TYPE_SHARED) crashes Open MPI
+    # 4.1 over the tcp transport alone (seen with two network namespaces of one host)
+    names = comm.allgather(MPI.Get_processor_name())
+    node = comm.Split(names.index(names[comm.rank]), comm.rank)
     total = node.allreduce(mine)
     root_here = node.allreduce(int(comm.rank == 0))
     error = None

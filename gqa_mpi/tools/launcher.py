@@ -40,10 +40,16 @@ def is_open_mpi() -> bool:
 
 
 def mpirun_command(n: int, args: Sequence[str]) -> List[str]:
-    """``mpirun -n N <args>``, oversubscribing if the MPI needs to be told (Open MPI)."""
+    """``mpirun -n N <args>``. With Open MPI's launcher (``GQA_MPI_MPIRUN`` pointing at
+    it): oversubscribing, as root if we are, and with mpi4py told to load Open MPI
+    (``MPI4PY_MPIABI=openmpi`` unless set) and the environment it needs forwarded."""
     cmd = [mpirun(), "-n", str(n)]
     if is_open_mpi():
         cmd.append("--oversubscribe")
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        abi = os.environ.get("MPI4PY_MPIABI", "openmpi")
+        cmd += ["-x", f"MPI4PY_MPIABI={abi}", "-x", "PATH", "-x", "PYTHONPATH"]
     return cmd + list(args)
 
 
