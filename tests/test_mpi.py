@@ -34,6 +34,11 @@ pytestmark = pytest.mark.mpi(min_size=16)
 TOPOLOGIES = [(1, 1), (1, 3), (1, 6), (2, 8), (3, 5), (4, 4), (2, 7), (1, 5), (16, 1)]
 
 
+def rank0_path(comm, tmp_path, name="t.json"):
+    """A file in rank 0's temporary folder, the same path on every rank."""
+    return comm.bcast(str(tmp_path / name) if comm.rank == 0 else None)
+
+
 def sub_world(n):
     """The first ``n`` world ranks as a communicator (MPI.COMM_NULL elsewhere)."""
     world = MPI.COMM_WORLD
@@ -199,12 +204,12 @@ def critical_path(events_by_rank):
 
 
 @pytest.mark.parametrize("C,P", TOPOLOGIES)
-def test_trace_follows_spec_schedule(C, P):
+def test_trace_follows_spec_schedule(C, P, tmp_path):
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
         return
     cfg = Config(cubes=C, pes=P, seq_len=50 * C * P, heads_q=4, heads_kv=2, head_dim=8,
-                 tile=16, trace="unused.json", trace_tiles=True).placed(C * P)
+                 tile=16, trace=rank0_path(comm, tmp_path), trace_tiles=True).placed(C * P)
     q, k, v = (inputs.generate(1, n, 1, size, width)[0] for n, size, width in
                (("q", 1, 32), ("k", cfg.seq_len, 16), ("v", cfg.seq_len, 16)))
     start, stop = cfg.tokens(comm.rank)
@@ -303,13 +308,13 @@ def test_a_collective_added_in_one_file(C, P):
 
 @pytest.mark.parametrize("reduce,wire", [(s.name, s.default_wire) for s in SCHEDULES]
                          + [("pipelined-chain", "bf16"), ("alltoall", "kernel")])
-def test_trace_covers_every_schedule(reduce, wire):
+def test_trace_covers_every_schedule(reduce, wire, tmp_path):
     """Every message in the timeline has its arrow; a collective shows as one span."""
     comm = sub_world(15)
     if comm == MPI.COMM_NULL:
         return
     cfg = Config(cubes=3, pes=5, seq_len=300, heads_q=4, heads_kv=2, head_dim=8, tile=16,
-                 reduce=reduce, wire=wire, trace="unused.json").placed(15)
+                 reduce=reduce, wire=wire, trace=rank0_path(comm, tmp_path)).placed(15)
     q, k, v = (inputs.generate(2, n, 1, size, width)[0] for n, size, width in
                (("q", 1, 32), ("k", 300, 16), ("v", 300, 16)))
     start, stop = cfg.tokens(comm.rank)
@@ -411,7 +416,7 @@ def run_source(C, P, tmp_path, **kw):
     comm = sub_world(C * P)
     if comm == MPI.COMM_NULL:
         return None, None
-    path = comm.bcast(str(tmp_path / "r.json") if comm.rank == 0 else None)
+    path = rank0_path(comm, tmp_path, "r.json")
     cfg = Config(cubes=C, pes=P, quiet=True, json=path, **kw).placed(C * P)
     code = kernel_source.run(comm, cfg)
     record = None
