@@ -10,7 +10,7 @@ from gqa_mpi.tools.launcher import mpirun_command, open_mpi
 from util import run_bounded
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SUITE = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-p",
+SUITE = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-rs", "-p",
          "no:cacheprovider", "-p", "no:hypothesispytest", "-x",
          os.path.join(HERE, "test_mpi.py")]
 
@@ -27,7 +27,10 @@ def test_sixteen_rank_suite(library):
     proc = run_bounded(cmd, timeout=300, cwd=os.path.dirname(HERE))
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
-    assert " passed" in proc.stdout and " skipped" not in proc.stdout, tail
+    assert " passed" in proc.stdout, tail
+    # no test may skip, but the reference kernel's where ../shared/reference is absent
+    skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("no ../shared/reference" in line for line in skips), tail
     if library == "openmpi":
         assert "Open MPI" in run_bounded(prefix + ["-n", "1", sys.executable, "-c",
                                                    "from mpi4py import MPI; print(MPI."
