@@ -1,9 +1,11 @@
 """The application: what a user configures, runs and reads.
 
 =======  ===================================================================
-config   every option, declared once; generates the command line
-decode   ``gqa_mpi.decode``: one step on arrays the ranks hold (the library API)
-run      one command-line run: inputs, decode, check, outputs, report
+options  the command line and its help, generated from core.config.Config
+decode   ``gqa_mpi.Decoder`` and ``decode``: steps and appends on arrays the ranks
+         hold (the library API; the command line's loop runs on it)
+run      one command-line run: inputs, the loop, checks, outputs, report
+kernel_source  ``--kernel-source``: the kernel's own file on every rank
 cli      ``python -m gqa_mpi``: parsing, refusals, exit codes
 check    the float64 check and its pass rule
 record   typed per-rank statistics and the run record (JSON)

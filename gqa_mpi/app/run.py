@@ -1,5 +1,6 @@
-"""One run as the user sees it: the inputs, the decode steps (each checked on the
-root), then the root's outputs and report; returns the exit code."""
+"""One run as the user sees it: the inputs, the decode steps on a
+:class:`~gqa_mpi.app.decode.Decoder`, the root's checks of the kept steps after the loop,
+then the root's outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses

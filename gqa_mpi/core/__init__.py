@@ -12,5 +12,7 @@ wires            what a hop carries and what carrying loses (registry)
 inputs           generated or .npy inputs, independent of the rank count
 trace            per-rank timings and the Chrome trace-event timeline
 registry         the small registry the schedules and wires live in
+config           Config: every option of a run, declared once and checked
+tl               the kernel DSL's tl on NumPy (--kernel-source): memory, calls, faults
 ===============  ===============================================================
 """
