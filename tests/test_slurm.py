@@ -57,15 +57,11 @@ def test_the_batch_script_runs_checks_and_passes(slurm, tmp_path):
     assert (tmp_path / f"gqa_mpi-{job}.json").exists()
 
 
-@pytest.mark.parametrize("extra,code,words", [
-    ("--no-such-flag", 2, "unrecognized arguments: --no-such-flag"),
-    ("--kernel-source builtin:nosuch", 2, "no such file"),
-])
-def test_a_failing_run_fails_the_job(slurm, tmp_path, extra, code, words):
+def test_a_bad_flag_fails_the_job(slurm, tmp_path):
     _, state, got, log = submit(tmp_path, dict(SEQ_LEN="1000", SRUN_MPI="pmi2",
-                                               GQA_ARGS=extra), tasks=2)
-    assert (state, got) == ("FAILED", code), log
-    assert words in log
+                                               GQA_ARGS="--no-such-flag"), tasks=2)
+    assert (state, got) == ("FAILED", 2), log
+    assert "unrecognized arguments: --no-such-flag" in log
 
 
 def test_a_kernel_fault_fails_the_job(slurm, tmp_path):
