@@ -153,3 +153,12 @@ def test_the_memory_advice_names_steps_when_the_cache_grows():
     from gqa_mpi.app.sizing import advice
     assert "fewer --steps" in advice(Config(steps=1000), True)
     assert "fewer --steps" not in advice(Config(), True)
+
+
+@pytest.mark.parametrize("steps,every", [(1, 1), (5, 1), (5, 2), (6, 2), (10, 3), (4, 4),
+                                         (7, 10)])
+def test_the_checked_steps_are_counted_as_the_loop_checks_them(steps, every):
+    from gqa_mpi.app.sizing import checked_steps
+    cfg = Config(steps=steps, check_every=every)
+    assert checked_steps(cfg) == len([s for s in range(steps) if cfg.checked(s)])
+    assert checked_steps(Config(steps=steps, check=False)) == 0

@@ -35,9 +35,12 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     partial = 4 * B * h_kv * R * (d + 2) * 4
     tile = min(cfg.tile, max(tokens, 1))
     scratch = B * h_kv * R * tile * 4 + 2 * B * h_kv * tile * d * 4
-    total = BASELINE + resident + chunk + q + partial + scratch
+    stream = B * cfg.steps * T_q * h_q * d * 4 if cfg.steps > 1 else 0   # every step's Q
+    total = BASELINE + resident + chunk + q + partial + scratch + stream
     if root:
         total += 2 * B * T_q * h_q * d * 4                      # O, unfolded
+        total += checked_steps(cfg) * 2 * B * T_q * h_q * d * 4  # kept O and Q, checked
+                                                                # after the loop
         if cfg.check:
             S = cfg.final_len
             kv = 2 * B * S * width_kv
@@ -45,6 +48,14 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
             total += 4 * B * T_q * G * S * 8                   # scores of one KV head, float64
             total += 2 * B * T_q * h_q * d * 8                 # reference and control outputs
     return total
+
+
+def checked_steps(cfg) -> int:
+    """How many steps the root checks (every ``check_every``-th and the last), counted."""
+    if not cfg.check:
+        return 0
+    n = cfg.steps // cfg.check_every
+    return n + (1 if cfg.steps % cfg.check_every else 0)
 
 
 def available_bytes() -> Optional[int]:
@@ -78,6 +89,9 @@ def advice(cfg, root_heavy: bool) -> str:
     if cfg.steps > 1:
         hints.append(f"fewer --steps (the cache grows by {cfg.queries} token(s) a step, "
                      f"to {cfg.final_len})")
+        if cfg.check:
+            hints.append("a larger --check-every (rank 0 keeps each checked step's "
+                         "output until the loop ends)")
     hints.append("more ranks (mpirun -n)")
     if cfg.kv_dtype != "float16":
         hints.append("--kv-dtype float16")
