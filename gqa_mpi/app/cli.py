@@ -26,7 +26,6 @@ from . import sizing  # noqa: E402
 from ..core.config import Config  # noqa: E402
 from .options import add_arguments  # noqa: E402
 from .outputs import Interrupted, check_paths, npy_bytes  # noqa: E402
-from . import kernel_source  # noqa: E402
 from .run import run  # noqa: E402
 
 EXIT_USAGE = 2
@@ -114,6 +113,7 @@ def _output_checks(cfg: Config) -> Optional[str]:
     inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
               if cfg.inputs is not None else [])
     if cfg.kernel_source is not None:            # the kernel's file is an input too
+        from . import kernel_source
         inputs.append(kernel_source.resolve(cfg.kernel_source)[0])
     shape = (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim)
     return check_paths({"--output": cfg.output, "--json": cfg.json, "--trace": cfg.trace},
@@ -153,6 +153,7 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
     if error:
         raise UsageError(error)
     if cfg.kernel_source is not None:
+        from . import kernel_source        # only its runs pay for the tl backend's import
         try:
             kernel_source.load(cfg.kernel_source)
             error = None
@@ -221,6 +222,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return EXIT_USAGE
         try:
             if cfg.kernel_source is not None:
+                from . import kernel_source
                 return kernel_source.run(comm, cfg)
             return run(comm, cfg)
         except InputError as e:  # raised on every rank alike (see run.refuse_nonfinite)
