@@ -1,13 +1,10 @@
 """The root's check of O against float64 references, and its pass rule. No MPI here."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
-from ..core.inputs import load_rows
-from ..core.kernel_model import kernel_reference
-from ..core.reference import attention_reference
 from ..core.wires import Wire
 from .record import Comparison
 
@@ -64,31 +61,18 @@ def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
                       passed=bool(finite and max_rel <= threshold), err_p50=p50, err_p99=p99)
 
 
-def check_output(cfg, output: np.ndarray, m_rounding: float, step: int = 0,
-                 q: Optional[np.ndarray] = None) -> Tuple[Comparison, Optional[Comparison]]:
-    """``(check, vs_exact)`` of the root's output of decode step ``step`` against
-    float64 references over the cache as it stood (its first ``cfg.cache_len(step)``
-    tokens, with that step's queries ``q``, by default the first step's).
+def check_output(cfg, output: np.ndarray, m_rounding: float,
+                 refs: Dict[str, np.ndarray]) -> Tuple[Comparison, Optional[Comparison]]:
+    """``(check, vs_exact)`` of the root's output of one decode step against its
+    references (:func:`gqa_mpi.app.references.references`).
 
-    The default path is checked against exact attention. A kernel-faithful run is
-    checked against a float64 model of the kernel, and ``vs_exact`` says how far the
-    kernel's arithmetic lands from exact attention on the same inputs.
+    The default path is checked against exact attention, with the float32 control. A
+    kernel-faithful run is checked against a float64 model of the kernel, and
+    ``vs_exact`` says how far the kernel's arithmetic lands from exact attention on the
+    same inputs.
     """
-    q0, k, v = load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
-                        cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim,
-                        0, cfg.cache_len(step))
-    q = q0 if q is None else q
-    # drawn (or read) once for the reference and the control; float16 when the ranks
-    # hold K and V in float16, so that the reference sees the same values
-    held = np.float16 if cfg.kv_dtype == "float16" and not cfg.kernel_faithful else None
-    k, v = (np.asarray(x, dtype=held) for x in (k, v))
     out = output if cfg.batched else output[None]
     limit = tolerance(cfg.wire_format, m_rounding)
     if not cfg.kernel_faithful:
-        kw = dict(h_kv=cfg.heads_kv, scale=cfg.scale, causal=cfg.causal)
-        ref = attention_reference(q, k, v, **kw)
-        control = attention_reference(q, k, v, dtype=np.float32, **kw)
-        return compare(out, ref, limit, control), None
-    model = kernel_reference(q, k, v, h_kv=cfg.heads_kv, n_ranks=cfg.n_ranks, tile=cfg.tile)
-    exact = attention_reference(q, k, v, h_kv=cfg.heads_kv)
-    return compare(out, model, limit), compare(out, exact, limit)
+        return compare(out, refs["ref"], limit, refs["control"]), None
+    return compare(out, refs["model"], limit), compare(out, refs["exact"], limit)

@@ -25,7 +25,7 @@ import operator
 import time
 import zlib
 from dataclasses import dataclass, fields, replace
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 from mpi4py import MPI
@@ -242,14 +242,16 @@ class Decoder:
         self._start(comm, cfg, q3, k, v)
 
     @classmethod
-    def from_config(cls, comm: MPI.Comm, cfg: Config, q, k, v) -> "Decoder":
+    def from_config(cls, comm: MPI.Comm, cfg: Config, q, k, v,
+                    progress: Optional[Callable[[int, int], None]] = None) -> "Decoder":
         """A loop on inputs already checked against a placed ``cfg`` (the command
-        line's: ``k`` and ``v`` may be lazy rows, generated or memory-mapped)."""
+        line's: ``k`` and ``v`` may be lazy rows, generated or memory-mapped);
+        ``progress(done, total)`` hears how many of this rank's tokens are loaded."""
         self = cls.__new__(cls)
-        self._start(comm, cfg, q, k, v)
+        self._start(comm, cfg, q, k, v, progress)
         return self
 
-    def _start(self, comm, cfg: Config, q, k, v) -> None:
+    def _start(self, comm, cfg: Config, q, k, v, progress=None) -> None:
         self.cfg, self.comm = cfg, comm
         self.steps = 0
         self.tokens = cfg.seq_len
@@ -257,7 +259,7 @@ class Decoder:
         self.nonfinite = 0
         self.topo = Topology(comm, cfg.layout)
         try:
-            self.rank = Rank.load(cfg, self.topo, q, k, v)
+            self.rank = Rank.load(cfg, self.topo, q, k, v, progress)
         except BaseException:
             self.topo.free()
             raise

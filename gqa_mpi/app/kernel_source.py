@@ -27,7 +27,7 @@ from mpi4py import MPI
 
 from ..core.config import Config
 from ..core.inputs import load_rows
-from ..core.reference import attention_reference
+from ..core.reference import float16_values
 from ..core.tl import Backend, KernelFault, run_kernel
 from ..core.trace import Recorder, chrome_trace
 from ..mpi import watchdog
@@ -35,6 +35,7 @@ from ..mpi.tl_link import EXIT_FAULT, MpiLink, Watch
 from ..mpi.topology import Topology
 from . import outputs
 from .check import compare
+from .references import references
 from .sizing import fmt
 
 BUILTIN = "builtin:"
@@ -112,6 +113,7 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
     regions = [("Q", q[0], 0, 0), ("K", np.asarray(k)[0], row, start),
                ("V", np.asarray(v)[0], row, start),
                ("O", np.zeros((cfg.queries, width_q), np.float16), 0, 0)]
+    q_held = float16_values(q)     # the reference sees what the kernel's memory holds
     del q, k, v
     rec = Recorder(topo.rank, events=cfg.trace is not None)
     watch = Watch(topo, path)
@@ -139,10 +141,13 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
                      "persistent", "sent", "received", "nonfinite")})
     every = topo.comm.gather(stats, root=0)
     events = topo.comm.gather(rec.events, root=0) if cfg.trace is not None else None
+    watchdog.phase("check")
+    refs = (references(topo.comm, cfg, q_held, cfg.seq_len, n_tokens=cfg.seq_len,
+                       rounded=True) if cfg.check else None)
     code = 0
     if topo.is_root:
         out = backend.region("O").data.astype(np.float32)
-        record = _record(cfg, path, fn.__name__, every, out)
+        record = _record(cfg, path, fn.__name__, every, out, refs)
         code = _finish(cfg, record, out, events, every)
     topo.free()
     with watchdog.waiting("rank 0 (outputs)"):
@@ -155,15 +160,10 @@ def _leave(comm: MPI.Comm, line: str) -> None:
     comm.Abort(EXIT_FAULT)
 
 
-def _record(cfg: Config, path: str, name: str, every: List[Dict], out: np.ndarray) -> Dict:
-    q, k, v = load_rows(cfg.inputs, cfg.seed, 1, cfg.queries, cfg.seq_len,
-                        cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
-    # the reference sees what the kernel's memory holds: float16 Q, K and V
-    q, k, v = (np.asarray(x, dtype=np.float16) for x in (q, k, v))
-    kw = dict(h_kv=cfg.heads_kv, scale=cfg.scale)
-    ref = attention_reference(q, k, v, **kw)
-    control = attention_reference(q, k, v, dtype=np.float32, **kw)
-    check = compare(out[None], ref, cfg.wire_format.tolerance, control) if cfg.check else None
+def _record(cfg: Config, path: str, name: str, every: List[Dict], out: np.ndarray,
+            refs: Optional[Dict[str, np.ndarray]]) -> Dict:
+    check = (None if refs is None else
+             compare(out[None], refs["ref"], cfg.wire_format.tolerance, refs["control"]))
     return dict(config=cfg.to_json(), kernel=dict(file=path, function=name),
                 check=None if check is None else asdict(check), ranks=every,
                 mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip())

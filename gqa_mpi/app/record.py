@@ -21,10 +21,12 @@ from ..core.config import Config
 FORMAT = "gqa_mpi.run/2"
 """The record's format; bumped when a field changes meaning."""
 
-PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total")
+PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total", "check")
 """Timed phases of a run, in order; ``step`` is local attention + reduce + finalize,
 the decode step proper from resident slices to the output. With several decode steps,
-a rank's figure for a step phase is its median over the steps (the steady state)."""
+a rank's figure for a step phase is its median over the steps (the steady state).
+``total`` runs from the inputs to the last step; ``check`` (every rank's share of the
+float64 check, all checked steps) follows it."""
 
 
 UNITS = dict(timings="s", bytes="B", peak_rss_mib="MiB", created="UTC, ISO 8601")

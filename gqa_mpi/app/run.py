@@ -4,6 +4,7 @@ then the root's outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses
+import resource
 import time
 
 from mpi4py import MPI
@@ -13,7 +14,9 @@ import numpy as np
 from ..core import inputs
 from ..mpi import watchdog
 from . import outputs, report
+from ..core.progress import Progress
 from .check import check_output
+from .references import references
 from ..core.config import Config
 from .decode import Decoder
 
@@ -66,42 +69,40 @@ def new_tokens(cfg: Config, rank: int):
 def run(comm: MPI.Comm, cfg: Config) -> int:
     """Run the decode steps; return the exit code (0 passed, 1 check failed, 2 an
     output could not be written)."""
+    progress = Progress(enabled=comm.rank == 0 and not cfg.quiet)
     start, stop = cfg.tokens(comm.rank)
     q, k, v = inputs.load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
                                cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim,
                                start, stop)
     if cfg.inputs is not None and not cfg.allow_nonfinite:
         refuse_nonfinite(comm, [("q", q, 0), ("k", k, start), ("v", v, start)])
-    kept = []                       # (step, O, Q) of the checked steps, on rank 0
-    dec = Decoder.from_config(comm, cfg, q, k, v)
+    kept = []                       # (step, O on rank 0, Q) of the checked steps
+    progress.stage("inputs", "tokens of rank 0's slice")
+    dec = Decoder.from_config(comm, cfg, q, k, v, progress.update)
     try:
-        del q, k, v
+        del k, v
         future = new_tokens(cfg, comm.rank)
         stream = (inputs.query_stream(cfg.seed, cfg.B, cfg.steps, cfg.queries,
                                       cfg.heads_q * cfg.head_dim)    # drawn before the loop
                   if cfg.steps > 1 else None)
         empty = np.empty((cfg.B, 0, cfg.heads_kv * cfg.head_dim), np.float32)
+        progress.stage("steps", "decode steps")
         for step in range(cfg.steps):
             # step 0 takes the run's Q (generated, or q.npy)
-            q_step = inputs.step_queries(stream, step, cfg.queries) if step else None
-            output = dec.step(q_step)
-            if cfg.checked(step) and comm.rank == 0:
+            q_step = inputs.step_queries(stream, step, cfg.queries) if step else q
+            output = dec.step(None if step == 0 else q_step)
+            if cfg.checked(step):
                 kept.append((step, output, q_step))
             if step < cfg.steps - 1:
                 dec.append(*future.pop(step, (empty, empty)))
+            progress.update(step + 1, cfg.steps)
         record, trace = dec.record()
     finally:
         dec.close()
-    checks = []
-    if comm.rank == 0:
-        # checked after the loop, so that no timed step follows a check (whose float64
-        # pass would leave it cold caches and late neighbours); the tolerance takes the
-        # largest rounding of m along the whole path, on any rank
-        rounding = max(r.m_rounding for r in record.ranks)
-        for step, out, q_step in kept:
-            watchdog.phase(f"check of step {step}")
-            checks.append(check_output(cfg, out, rounding, step, q_step))
-    checked = [step for step, _, _ in kept]
+    # checked after the loop, so that no timed step follows a check (whose float64
+    # pass would leave it cold caches and late neighbours); every rank takes part
+    checks = check_steps(comm, cfg, kept, record, progress)
+    progress.end()
     code = 0
     if comm.rank == 0:
         watchdog.phase("outputs")
@@ -109,7 +110,7 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
             record, inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite,
             written={key: getattr(cfg, key) for key in ("output", "trace", "json")
                      if getattr(cfg, key)},
-            checks=[c for c, _ in checks], checked_steps=checked,
+            checks=[c for c, _ in checks], checked_steps=[step for step, _, _ in kept],
             vs_exact=next((x for _, x in checks if x is not None), None))
         write_error = not outputs.write_all(cfg.output, output, cfg.trace, trace, cfg.json,
                                             record.to_json())
@@ -123,3 +124,31 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
     with watchdog.waiting("rank 0 (outputs)"):
         wait_for_root(comm)
         return comm.bcast(code, root=0)
+
+
+def check_steps(comm: MPI.Comm, cfg: Config, kept, record, progress: Progress):
+    """Check the kept steps on every rank together; on rank 0 the ``(check, vs_exact)``
+    of each, and the check's seconds and every rank's peak memory (the check's
+    included) added to ``record``; ``[]`` elsewhere."""
+    if not kept:
+        return []
+    t0 = time.perf_counter()
+    rounding = record.m_rounding     # the largest rounding of m on the path, any rank
+    rounded = cfg.kv_dtype == "float16" and not cfg.kernel_faithful
+    checks = []
+    for n, (step, out, q_step) in enumerate(kept):
+        watchdog.phase(f"check of step {step}")
+        progress.stage("check", f"chunks on rank 0 (step {step}, {n + 1} of {len(kept)} "
+                                "checked)" if len(kept) > 1 else "chunks on rank 0")
+        refs = references(comm, cfg, q_step, cfg.cache_len(step), n_tokens=cfg.final_len,
+                          rounded=rounded, progress=progress.update)
+        if refs is not None:
+            checks.append(check_output(cfg, out, rounding, refs))
+    mine = (time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+    with watchdog.waiting("every rank (the end of the check)"):
+        every = comm.gather(mine, root=0)
+    if comm.rank == 0:
+        for r, (seconds, peak) in zip(record.ranks, every):
+            r.timings["check"] = seconds
+            r.peak_rss_mib = max(r.peak_rss_mib, peak)
+    return checks

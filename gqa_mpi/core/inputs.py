@@ -209,6 +209,16 @@ def first_nonfinite(name: str, array: np.ndarray, token_offset: int = 0):
     return None
 
 
+def read_rows(directory, seed: int, batch: int, seq_len: int, width: int, name: str,
+              start: int, stop: int) -> np.ndarray:
+    """Rows ``start:stop`` of K or V (``name``) in memory, ``(B, stop-start, width)``:
+    generated from ``seed`` as in a cache of ``seq_len`` tokens, or read from
+    ``directory``'s file (in its dtype) through a memory map that is let go at once."""
+    if directory is None:
+        return generate(seed, name, batch, seq_len, width, start, stop)
+    return np.array(open_rows(directory, name, start, stop))
+
+
 def load_rows(directory, seed: int, batch: int, queries: int, seq_len: int,
               width_q: int, width_kv: int, start: int = 0, stop=None):
     """Q ``(B, T_q, h_q*d)`` float32 and rows ``start:stop`` of K and V

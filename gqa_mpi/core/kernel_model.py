@@ -19,7 +19,7 @@ attention with scale 1; otherwise it is not, and the report says by how much.
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import List, Tuple
 
 import numpy as np
 
@@ -113,3 +113,52 @@ def kernel_reference(q, k, v, *, h_kv: int, n_ranks: int, tile: int) -> np.ndarr
     out = np.zeros(int(np.prod(shape)))
     out[:o.size] = o.ravel()
     return out.reshape(shape)
+
+
+# ---- the same model a group of tiles at a time, for a check that streams the cache
+
+def kernel_units(S_kv: int, n_ranks: int, tile: int, tiles: int) -> List[Tuple[int, int, int]]:
+    """``(rank, s0, s1)``: the tiles the kernel reads on each rank, ``tiles`` at a time
+    (``s0``, ``s1`` count the rank's own tokens, from 0 to ``S_local``)."""
+    S_local = S_kv // n_ranks
+    step = tile * max(1, tiles)
+    return [(r, s0, min(s0 + step, S_local)) for r in range(n_ranks)
+            for s0 in range(0, S_local, step)]
+
+
+def kernel_rows(S_kv: int, n_ranks: int, unit: Tuple[int, int, int],
+                width: int, d: int) -> Tuple[int, int]:
+    """The cache rows ``[a, b)`` that hold the values a unit of :func:`kernel_units`
+    reads (the kernel reads ``d`` values a token from the start of its slice, not
+    whole rows of ``width``)."""
+    rank, s0, s1 = unit
+    start, _ = kernel_token_range(S_kv, n_ranks, rank)
+    return start + s0 * d // width, start + -(-s1 * d // width)
+
+
+def kernel_partial(q, k_rows, v_rows, *, S_kv: int, n_ranks: int,
+                   unit: Tuple[int, int, int], h_kv: int, tile: int):
+    """``(m, l, o)`` float64 of the kernel's softmax over one unit of
+    :func:`kernel_units`, from the rows :func:`kernel_rows` names; shaped
+    ``(1, 1, G*T_q)`` and ``(1, 1, G*T_q, d)`` like :func:`~gqa_mpi.core.reference.
+    reference_partial`'s, so that its merge and finish apply."""
+    width = np.shape(k_rows)[-1]
+    d = width // h_kv
+    T_q = np.shape(q)[-2]
+    G = np.shape(q)[-1] // d // h_kv
+    _, s0, s1 = unit
+    a, _ = kernel_rows(S_kv, n_ranks, unit, width, d)
+    offset = (kernel_token_range(S_kv, n_ranks, unit[0])[0] - a) * width + s0 * d
+    as64 = lambda x: np.asarray(x, dtype=np.float16).astype(np.float64).ravel()  # noqa: E731
+    q_rows = as64(q)[:G * T_q * d].reshape(G * T_q, d)
+    k_flat, v_flat = as64(k_rows)[offset:], as64(v_rows)[offset:]
+    scores, values = [], []
+    for t0 in range(0, s1 - s0, tile):
+        ts = min(tile, s1 - s0 - t0)
+        scores.append(q_rows @ k_flat[t0 * d:(t0 + ts) * d].reshape(d, ts))
+        values.append(v_flat[t0 * d:(t0 + ts) * d].reshape(ts, d))
+    s = np.concatenate(scores, axis=1)
+    with np.errstate(all="ignore"):
+        m = s.max(axis=1)
+        p = np.exp(s - m[:, None])
+        return m[None, None], p.sum(axis=1)[None, None], (p @ np.concatenate(values))[None, None]

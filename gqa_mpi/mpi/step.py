@@ -16,7 +16,7 @@ from __future__ import annotations
 import resource
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -56,13 +56,15 @@ class Rank:
     scores_nonfinite: bool = False
 
     @classmethod
-    def load(cls, cfg: Config, topo: Topology, q_in: np.ndarray, k_rows, v_rows) -> "Rank":
+    def load(cls, cfg: Config, topo: Topology, q_in: np.ndarray, k_rows, v_rows,
+             progress: Optional[Callable[[int, int], None]] = None) -> "Rank":
         """Warm the reduction path up, then make this rank's slice resident.
 
         ``q_in`` is ``(B, T_q, h_q*d)`` float32; ``k_rows``, ``v_rows`` are this rank's
         tokens ``cfg.tokens(rank)`` as ``(B, S_local, h_kv*d)`` arrays, or anything
         sliced as ``[:, i:j]`` (generated rows, memory maps): they are converted a chunk
-        at a time, so loading never holds the slice twice.
+        at a time, so loading never holds the slice twice. ``progress(done, total)``
+        hears how many of its tokens are resident.
         """
         start, _ = cfg.tokens(topo.rank)
         kernel, note = cfg.local_kernel
@@ -80,12 +82,12 @@ class Rank:
         with rank.recorder.phase("inputs", tokens=[start, start + k_rows.shape[1]]):
             watchdog.phase("inputs")
             inject("inputs", topo.rank)
-            rank._resident(q_in, k_rows, v_rows)
+            rank._resident(q_in, k_rows, v_rows, progress)
         # the kernel starts with its slice resident: time it from there
         watchdog.rendezvous(topo.comm, "the end of inputs")
         return rank
 
-    def _resident(self, q_in, k_rows, v_rows) -> None:
+    def _resident(self, q_in, k_rows, v_rows, progress=None) -> None:
         cfg = self.cfg
         if cfg.kernel_faithful:  # the kernel's reshapes give one float16-valued head
             q, k_rows, v_rows = kernel_operands(q_in, k_rows, v_rows, group=cfg.group,
@@ -99,7 +101,12 @@ class Rank:
         self.count = k_rows.shape[1]
         room = self.count + cfg.appended(self.topo.rank, cfg.steps - 1)
         self.q = q
-        self.k, self.v = make_resident(self.kernel, lambda name, i, j: rows[name][:, i:j],
+        def chunk(name, i, j):
+            if progress is not None and name == "v":
+                progress(i, self.count)
+            return rows[name][:, i:j]
+
+        self.k, self.v = make_resident(self.kernel, chunk,
                                        self.count, k_rows.shape[0], h_kv, cfg.head_dim,
                                        dtype, room)
 
