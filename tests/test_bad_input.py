@@ -127,7 +127,7 @@ ARG_CASES = {  # run in-process on one rank
     "heads-q 1e7": (["--heads-q", 10 ** 7, "--heads-kv", 1], "needs about"),
     "max-memory too small": (["--max-memory", "10M"], "--max-memory allows only"),
     "max-memory syntax": (["--max-memory", "lots"], "expected a size"),
-    "check too big": (["--seq-len", 4 * 10 ** 7, "--max-memory", "20G"], "--no-check"),
+    "cache too big": (["--seq-len", 4 * 10 ** 7, "--max-memory", "20G"], "more ranks"),
     "split syntax": (["--split", "a,b"], "comma-separated integers"),
     "inputs not a directory": (["--inputs", "/etc/hostname"], "not a directory"),
     "output dir missing": (["--output", "/nonexistent/o.npy"], "does not exist"),

@@ -151,8 +151,8 @@ def test_a_wire_chosen_by_another_option_is_refused_in_that_options_name():
 
 def test_the_memory_advice_names_steps_when_the_cache_grows():
     from gqa_mpi.app.sizing import advice
-    assert "fewer --steps" in advice(Config(steps=1000), True)
-    assert "fewer --steps" not in advice(Config(), True)
+    assert "fewer --steps" in advice(Config(steps=1000))
+    assert "fewer --steps" not in advice(Config())
 
 
 @pytest.mark.parametrize("steps,every", [(1, 1), (5, 1), (5, 2), (6, 2), (10, 3), (4, 4),

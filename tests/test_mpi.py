@@ -464,3 +464,75 @@ def test_reference_kernel_passes_on_equal_keys_and_overflows_at_128k(tmp_path):
     if record is not None:
         assert code == 1 and not record["check"]["passed"]
         assert any(c == "+" for r in record["ranks"] for c, _, _ in r["nonfinite"])
+
+
+@pytest.mark.parametrize("n,chunk_bytes", [(16, 1 << 15), (16, 1 << 20), (5, 1 << 16), (1, 1 << 16)])
+@pytest.mark.parametrize("faithful", [False, True])
+def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, faithful):
+    """Chunks dealt round robin to n ranks (some with none), partials folded at rank 0:
+    the plain in-memory references to float64's rounding."""
+    from gqa_mpi.app import references
+    from gqa_mpi.core.kernel_model import kernel_reference
+    comm = sub_world(n)
+    if comm == MPI.COMM_NULL:
+        return
+    if faithful:
+        if n % 4 and n != 1:
+            comm.Free()
+            return
+        cfg = Config(seq_len=5003, heads_q=8, heads_kv=1, head_dim=32, tile=64,
+                     kernel_faithful=True).placed(n)
+    else:
+        cfg = Config(seq_len=3001, heads_q=4, heads_kv=2, head_dim=16, queries=3, causal=True,
+                     batch=2).placed(n)
+    q, k, v = inputs.load_rows(None, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
+                               cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
+    saved = references.CHUNK_BYTES
+    references.CHUNK_BYTES = chunk_bytes
+    try:
+        got = references.references(comm, cfg, q, cfg.seq_len, n_tokens=cfg.final_len,
+                                    rounded=False)
+    finally:
+        references.CHUNK_BYTES = saved
+    if comm.rank == 0:
+        k, v = (np.asarray(x)[:, :cfg.seq_len] for x in (k, v))
+        if faithful:
+            want = kernel_reference(q, k, v, h_kv=1, n_ranks=n, tile=cfg.tile)
+            np.testing.assert_allclose(got["model"], want, rtol=0, atol=1e-12)
+            np.testing.assert_allclose(got["exact"], attention_reference(q, k, v, h_kv=1),
+                                       rtol=0, atol=1e-12)
+        else:
+            kw = dict(h_kv=2, causal=True)
+            np.testing.assert_allclose(got["ref"], attention_reference(q, k, v, **kw),
+                                       rtol=0, atol=1e-12)
+            np.testing.assert_allclose(got["control"], attention_reference(
+                q, k, v, dtype=np.float32, **kw), rtol=0, atol=2e-6)
+    else:
+        assert got is None
+    comm.Free()
+
+
+@pytest.mark.parametrize("fault", ["none", "dropped", "twice"])
+def test_the_check_sees_a_token_the_run_dropped_or_counted_twice(fault):
+    """The check reads the inputs by its own chunks, not the run's slices: a rank that
+    holds its neighbour's last token instead of its own first one fails it."""
+    from gqa_mpi.app.check import check_output
+    from gqa_mpi.app.references import references
+    from gqa_mpi import Decoder
+    comm = sub_world(16)
+    if comm == MPI.COMM_NULL:
+        return
+    cfg = Config(seq_len=4000, heads_q=4, heads_kv=2, head_dim=16).placed(16)
+    a, b = cfg.tokens(comm.rank)
+    q, k, v = inputs.load_rows(None, cfg.seed, 1, 1, cfg.final_len, 64, 32)
+    k, v = np.asarray(k)[0], np.asarray(v)[0]
+    rows = list(range(a, b))
+    if fault != "none" and comm.rank == 7:
+        rows = [a - 1] + rows[1:] if fault == "twice" else rows[:-1] + [0]
+    with Decoder(q[0], k[rows], v[rows], heads_kv=2, comm=comm) as dec:
+        out = dec.step()
+    refs = references(comm, cfg, q, cfg.seq_len, n_tokens=cfg.final_len, rounded=False)
+    if comm.rank == 0:
+        check, _ = check_output(cfg, out, 0.0, refs)
+        assert check.passed == (fault == "none"), check
+    comm.Free()

@@ -188,17 +188,14 @@ def _memory_verdict(comm, cfg, limit, mine):
     names = comm.allgather(MPI.Get_processor_name())
     node = comm.Split(names.index(names[comm.rank]), comm.rank)
     total = node.allreduce(mine)
-    root_here = node.allreduce(int(comm.rank == 0))
     error = None
     if node.rank == 0:
         have = limit or sizing.available_bytes()
         if have is not None and total > have:
             what = "--max-memory allows" if limit else "the host has available"
-            root = (f", rank 0 alone {sizing.fmt(mine)} with the float64 check"
-                    if root_here and comm.rank == 0 and cfg.check else "")
             error = (f"this run needs about {sizing.fmt(total)} on {MPI.Get_processor_name()} "
-                     f"({node.size} rank(s){root}) but {what} only {sizing.fmt(have)}"
-                     + sizing.advice(cfg, bool(root_here)))
+                     f"({node.size} rank(s)) but {what} only {sizing.fmt(have)}"
+                     + sizing.advice(cfg))
     node.Free()
     return next((e for e in comm.allgather(error) if e), None)
 

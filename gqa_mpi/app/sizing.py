@@ -10,7 +10,9 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..core.inputs import GEN_BLOCK
 from ..core.kernels import CHUNK
+from .references import SUB_BYTES, chunk_tokens
 
 BASELINE = 96 << 20
 """Python, NumPy and MPI of one rank before any tensor (measured: 60-100 MiB)."""
@@ -20,9 +22,9 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     """Peak bytes of one rank holding ``tokens`` tokens of K and V.
 
     The resident slice, the chunk being converted, Q (raw and folded), the partial and
-    the sweep's scratch; on the root also O, and with ``--check`` everything the float64
-    reference and the float32 control hold (all of K and V, and the scores of one KV
-    head at a time).
+    the sweep's scratch; with ``--check`` the check's share (:func:`check_bytes`),
+    which does not grow with ``S_kv``; on the root also O, and the outputs of the
+    checked steps it keeps until the loop ends.
     """
     B, T_q, d = cfg.B, cfg.queries, cfg.head_dim
     h_q, h_kv, G = cfg.heads_q, cfg.heads_kv, cfg.group
@@ -37,16 +39,35 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     scratch = B * h_kv * R * tile * 4 + 2 * B * h_kv * tile * d * 4
     stream = B * cfg.steps * T_q * h_q * d * 4 if cfg.steps > 1 else 0   # every step's Q
     total = BASELINE + resident + chunk + q + partial + scratch + stream
+    if cfg.check:
+        total += check_bytes(cfg, root)
     if root:
         total += 2 * B * T_q * h_q * d * 4                      # O, unfolded
-        total += checked_steps(cfg) * 2 * B * T_q * h_q * d * 4  # kept O and Q, checked
-                                                                # after the loop
-        if cfg.check:
-            S = cfg.final_len
-            kv = 2 * B * S * width_kv
-            total += kv * (4 + 8 + 4)                          # inputs, float64, float32 control
-            total += 4 * B * T_q * G * S * 8                   # scores of one KV head, float64
-            total += 2 * B * T_q * h_q * d * 8                 # reference and control outputs
+        total += checked_steps(cfg) * B * T_q * h_q * d * 4     # kept O, checked after
+                                                                # the loop
+    return total
+
+
+def check_bytes(cfg, root: bool) -> int:
+    """Peak bytes the streamed check adds to one rank (every rank takes part).
+
+    One chunk of K and V as read, the generator's block, one float64 sub-chunk and
+    its float32 twin, their float16 rounding's scratch, the scores of a sub-chunk, and
+    the partials; on the root also the partial it receives and the references it
+    compares with. Nothing here grows with ``S_kv``.
+    """
+    B, T_q, d, h_q = cfg.B, cfg.queries, cfg.head_dim, cfg.heads_q
+    width = cfg.heads_kv * d
+    n = chunk_tokens(B, width)
+    sub = min(n, max(1, SUB_BYTES // (2 * B * width * 8)))
+    rows = 2 * B * n * width * 4
+    block = min(GEN_BLOCK, n) * width * 4 if cfg.inputs is None else 0
+    float64 = 2 * B * sub * width * (8 + 4 + 4 * 4)     # float64, float32, rounding
+    scores = 3 * B * T_q * h_q * sub * 8
+    partial = B * T_q * h_q * (d + 2) * 8
+    total = rows + block + float64 + scores + 6 * partial
+    if root:
+        total += 2 * partial + 3 * B * T_q * h_q * d * 8    # received; references
     return total
 
 
@@ -81,11 +102,9 @@ def fmt(n: float) -> str:
     return ""
 
 
-def advice(cfg, root_heavy: bool) -> str:
+def advice(cfg) -> str:
     """The flags that make a run smaller."""
     hints = []
-    if root_heavy and cfg.check:
-        hints.append("--no-check (the float64 check holds all of K and V on rank 0)")
     if cfg.steps > 1:
         hints.append(f"fewer --steps (the cache grows by {cfg.queries} token(s) a step, "
                      f"to {cfg.final_len})")
