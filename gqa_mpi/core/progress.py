@@ -4,8 +4,8 @@ A run's first :data:`DELAY` seconds print nothing, so short runs stay as they we
 After that each stage (inputs, steps, check) says how far it is, at most every
 :data:`TTY_EVERY` seconds on a terminal (one line, rewritten with a carriage return)
 and every :data:`LOG_EVERY` seconds otherwise (whole lines, no control characters,
-so that a SLURM or PBS log reads as text); a stage that showed progress ends with a
-line giving its time. No MPI here.
+so that a SLURM or PBS log reads as text). Once the run has passed the delay, each
+stage also ends with a line giving its time. No MPI here.
 """
 from __future__ import annotations
 
@@ -49,8 +49,8 @@ class Progress:
         if not self.enabled:
             return
         now = self.clock()
-        if now - self.origin < self.delay:
-            return
+        if done >= total or now - self.origin < self.delay:
+            return                                  # the stage's end says it is done
         if self.shown is not None and now - self.shown < self.every:
             return
         pct = 100 * done // max(total, 1)
@@ -59,11 +59,12 @@ class Progress:
         self.shown = now
 
     def end(self) -> None:
-        """Close the current stage: a line with its time, if it showed any progress."""
-        if self.enabled and self.shown is not None:
-            self._write(f"progress  {self.name}: done in {self.clock() - self.started:.1f} s",
+        """Close the current stage: a line with its time once the run is long."""
+        now = self.clock()
+        if self.enabled and self.name and now - self.origin >= self.delay:
+            self._write(f"progress  {self.name}: done in {now - self.started:.1f} s",
                         final=True)
-        self.shown = None
+        self.name, self.shown = "", None
 
     def _write(self, line: str, final: bool) -> None:
         if self.tty:
