@@ -18,4 +18,7 @@ def test_bench_quick_runs(tmp_path):
     assert {r["kv_dtype"] for r in rec["local"]} == {"float32", "float16"}
     assert all("error" not in r for r in rec["reduction"])
     assert {r["reduce"] for r in rec["reduction"]} == set(SCHEDULES.names())
+    assert "step/limit" in proc.stdout and all("error" not in r for r in rec["step"])
+    assert {(r["kv_dtype"], r["reduce"]) for r in rec["step"]} == {
+        (t, s) for t in ("float32", "float16") for s in ("chain", "allgather")}
     assert "tl/numpy" in proc.stdout and all("error" not in r for r in rec["source"])

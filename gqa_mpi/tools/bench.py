@@ -12,6 +12,11 @@ thread, and printed as a ratio to a baseline measured alongside it:
   each as its time over ours (above 1: we are faster);
 - from real ``mpirun`` launches: reduction time against local time per schedule and
   wire, and the start-up cost of a tiny 16-rank run against the bare imports;
+- with ``--step-ranks``: the whole decode step of real launches at 1..N ranks
+  against the host's read limit (the K and V bytes all ranks hold over the bandwidth
+  of a read probe on as many processes), for ``chain`` and ``allgather``, float32
+  and float16 K/V, with what explains the gap (the slowest sweep, the skew between
+  sweeps, what the reduction adds);
 - with ``--kernel-source``: a kernel's own file run through gqa_mpi's ``tl`` against
   the NumPy sweep of the same float16 tiles, per launch.
 
@@ -187,6 +192,63 @@ def reduction_table(ranks: List[int], tokens_per_rank: List[int], steps: int, ti
     return rows
 
 
+def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[str],
+               schedules: List[str], h_kv: int, d: int, steps: int, repeats: int,
+               timeout: float) -> List[Dict]:
+    """Real launches: the loop's step at rank 0 (its step times summed over the steps,
+    over the steps) against the host's read limit, the K and V bytes all ranks hold
+    over the bandwidth of a read probe on as many processes, launched just before
+    (:mod:`gqa_mpi.tools.readprobe`); per rank count, K/V dtype, G and schedule.
+
+    With it, what explains a step above the limit: the slowest rank's sweep over the
+    limit (contention and the kernel), the skew between the ranks' sweeps, and what
+    the reduction adds beyond the slowest sweep (each the median over the steps)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            for dtype in dtypes:
+                row_bytes = h_kv * d * (2 if dtype == "float16" else 4) * 2     # K and V
+                probe = _launch(mpirun_command(n, [sys.executable, "-m",
+                                                   "gqa_mpi.tools.readprobe",
+                                                   str(per_rank * row_bytes), "--repeats",
+                                                   str(max(3, repeats))]), timeout)
+                if probe.returncode != 0:
+                    rows.append(dict(ranks=n, kv_dtype=dtype, error=(
+                        probe.stderr.strip().splitlines() or ["?"])[-1]))
+                    continue
+                bandwidth = json.loads(probe.stdout.strip().splitlines()[-1])["bandwidth"]
+                for G in groups:
+                    for schedule in schedules:
+                        path = os.path.join(tmp, f"{n}-{dtype}-{G}-{schedule}.json")
+                        proc = _launch(gqa_command(n, [
+                            "--seq-len", str(per_rank * n), "--heads-kv", str(h_kv),
+                            "--heads-q", str(G * h_kv), "--head-dim", str(d),
+                            "--kv-dtype", dtype, "--reduce", schedule, "--steps", str(steps),
+                            "--no-check", "--quiet", "--json", path]), timeout)
+                        head = dict(ranks=n, kv_dtype=dtype, G=G, reduce=schedule,
+                                    read_gbs=bandwidth / 1e9)
+                        if proc.returncode != 0:
+                            rows.append(dict(head, error=(proc.stderr.strip().splitlines()
+                                                          or ["?"])[-1]))
+                            continue
+                        rows.append(dict(head, **_step_row(RunRecord.load(path), row_bytes,
+                                                           bandwidth)))
+    return rows
+
+
+def _step_row(rec: RunRecord, row_bytes: int, bandwidth: float) -> Dict:
+    """The figures of one launch of :func:`step_table`."""
+    mine = rec.ranks[0].step_seconds()
+    step = float(np.sum(mine) / len(mine))
+    limit = sum(r.held for r in rec.ranks) * row_bytes / bandwidth
+    sweeps = np.array([[st.get("local_attention", 0.0) for st in r.steps] for r in rec.ranks])
+    local = float(np.median(sweeps.max(axis=0)))
+    return dict(step_s=step, limit_s=limit, step_over_limit=step / limit,
+                local_over_limit=local / limit,
+                skew_s=float(np.median(sweeps.max(axis=0) - sweeps.min(axis=0))),
+                beyond_s=float(np.median(rec.beyond_local())))
+
+
 def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: int,
                  repeats: int, timeout: int) -> List[Dict]:
     """Real launches of ``--kernel-source`` against the same float16 tiles swept by the
@@ -305,6 +367,27 @@ def print_tables(result: Dict) -> None:
             print(f"{head} {hops:>4} "
                   f"{r['reduce_s'] * 1e3:>9.2f} {r['local_s'] * 1e3:>9.2f} "
                   f"{r['reduce_over_local']:>12.3f} {r['messages']:>8}")
+    if result.get("step"):
+        print(f"\nthe whole step against the read limit, real mpirun launches at "
+              f"{result['step_tokens']} tokens per rank, h_kv={result['h_kv']} "
+              f"d={result['d']}:\n  limit = the K and V bytes all ranks hold / the read "
+              f"bandwidth of a probe on as many processes;\n  step = rank 0's step, the "
+              f"mean over the loop; local = the slowest rank's sweep; skew = slowest - "
+              f"fastest\n  sweep; beyond = what the reduction adds after the slowest "
+              f"sweep (medians over the steps)")
+        print(f"{'ranks':>5} {'read GB/s':>9} {'K/V':>7} {'G':>2} {'reduce':>9} "
+              f"{'step ms':>8} {'limit ms':>8} {'step/limit':>10} {'local/limit':>11} "
+              f"{'skew ms':>7} {'beyond ms':>9}")
+        for r in result["step"]:
+            head = f"{r['ranks']:>5} {r.get('read_gbs', float('nan')):>9.1f} {r['kv_dtype']:>7}"
+            if "error" in r:
+                print(f"{head} {r.get('G', '-'):>2} {r.get('reduce', '-'):>9}  failed: "
+                      f"{r['error']}")
+                continue
+            print(f"{head} {r['G']:>2} {r['reduce']:>9} {r['step_s'] * 1e3:>8.2f} "
+                  f"{r['limit_s'] * 1e3:>8.2f} {r['step_over_limit']:>10.2f} "
+                  f"{r['local_over_limit']:>11.2f} {r['skew_s'] * 1e3:>7.2f} "
+                  f"{r['beyond_s'] * 1e3:>9.2f}")
     if result.get("source"):
         print(f"\n--kernel-source {result['source_file']} from real mpirun launches, "
               f"h_kv=1: the kernel run through gqa_mpi's tl\nover the same float16 tiles "
@@ -344,6 +427,15 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10,
                    help="decode steps per reduction run; the median step is reported "
                         "(default 10)")
+    p.add_argument("--step-ranks", default="none",
+                   help="rank counts for the table of the whole step against the host's "
+                        "read limit, e.g. 1,2,4,8,16 (default %(default)s: skipped)")
+    p.add_argument("--step-tokens", default="64K",
+                   help="tokens per rank in the step table (default %(default)s)")
+    p.add_argument("--step-groups", default="4,8",
+                   help="G values of the step table (default %(default)s)")
+    p.add_argument("--step-reduce", default="chain,allgather",
+                   help="schedules of the step table (default %(default)s)")
     p.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
     p.add_argument("--kernel-source", metavar="FILE[:FUNCTION]",
@@ -367,16 +459,28 @@ def main(argv=None) -> int:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
         args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 1
         args.source_ranks, args.source_tokens = "1", "1K"
+        args.step_ranks, args.step_tokens, args.step_groups = "2", "1K", "4"
     try:
         tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
         ranks = [] if args.ranks == "none" else _sizes(args.ranks)
+        step_ranks = [] if args.step_ranks == "none" else _sizes(args.step_ranks)
+        step_tokens, step_groups = _sizes(args.step_tokens)[0], _sizes(args.step_groups)
     except ValueError as e:
         p.error(f"bad list: {e}")
+    step_reduce = args.step_reduce.split(",")
+    for name in step_reduce:
+        if name not in SCHEDULES.names():
+            p.error(f"--step-reduce: no schedule {name!r} (one of "
+                    f"{', '.join(SCHEDULES.names())})")
     result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1, isa=kernels.isa())
     result["local"] = local_table(tokens, tiles, groups, args.heads_kv, args.head_dim,
                                   args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
     result["reduction"] = reduction_table(ranks, _sizes(args.tokens_per_rank), args.steps,
                                           args.timeout, every_wire=not args.quick)
+    result["step_tokens"] = step_tokens
+    result["step"] = step_table(step_ranks, step_tokens, step_groups, ["float32", "float16"],
+                                step_reduce, args.heads_kv, args.head_dim, args.steps,
+                                args.repeats, args.timeout)
     if args.kernel_source:
         result["source_file"] = args.kernel_source
         result["source"] = source_table(args.kernel_source, _sizes(args.source_ranks),

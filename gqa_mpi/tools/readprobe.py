@@ -1,0 +1,63 @@
+"""``mpirun -n N python -m gqa_mpi.tools.readprobe BYTES``: the host's read bandwidth
+at N processes, each streaming BYTES of its own memory at the same time.
+
+Every rank fills its buffer (so the pages are its own and resident), then, after a
+barrier, reads it once (the faster of a BLAS dot over it as float32 and an integer
+sum over it as int64, one thread each); a repeat's time is the slowest rank's, and
+the best repeat gives ``N * BYTES / seconds``. This is the limit a decode step that
+streams K and V once cannot beat on that many processes. Rank 0 prints one JSON line.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+
+def read_once(x: np.ndarray, how: str) -> None:
+    if how == "dot":
+        np.dot(x, x)
+    else:
+        x.view(np.int64).sum()
+
+
+def probe(comm, n_bytes: int, repeats: int) -> dict:
+    """``{ranks, bytes_per_rank, seconds, bandwidth}`` (bytes/s, all ranks together)."""
+    from mpi4py import MPI
+    x = np.ones(max(2, n_bytes // 8 * 2), dtype=np.float32)     # a whole number of int64
+    best = float("inf")
+    for _ in range(repeats):
+        for how in ("dot", "sum"):
+            comm.Barrier()
+            t0 = time.perf_counter()
+            read_once(x, how)
+            best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
+    return dict(ranks=comm.size, bytes_per_rank=x.nbytes, seconds=best,
+                bandwidth=comm.size * x.nbytes / best)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gqa_mpi.tools.readprobe",
+                                description=__doc__.replace("``", ""),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("bytes", type=int, help="bytes each rank reads")
+    p.add_argument("--repeats", type=int, default=5, help="best of N (default 5)")
+    args = p.parse_args(argv)
+    if args.bytes < 8 or args.repeats < 1:
+        p.error("BYTES must be at least 8 and --repeats at least 1")
+    from mpi4py import MPI
+    result = probe(MPI.COMM_WORLD, args.bytes, args.repeats)
+    if MPI.COMM_WORLD.rank == 0:
+        print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
