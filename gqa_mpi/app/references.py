@@ -30,8 +30,8 @@ CHUNK_BYTES = 32 << 20
 """K and V of one chunk as read (float32), whatever S_kv; a whole number of the
 generator's blocks where one fits, so that no block is drawn twice."""
 
-SUB_BYTES = 16 << 20
-"""K and V of one chunk held in float64 at a time."""
+SUB_BYTES = 2 << 20
+"""K and V of one chunk held in float64 at a time (in cache)."""
 
 TAG = 0x6368
 """Tag of the partials sent to rank 0."""
@@ -92,9 +92,7 @@ def references(comm: MPI.Comm, cfg: Config, q: np.ndarray, cache_len: int, *,
                                              unit=task.unit, h_kv=cfg.heads_kv,
                                              tile=cfg.tile)}
         else:
-            if rounded:
-                k, v = float16_values(k), float16_values(v)
-            parts = _exact(cfg, q, k, v, task.rows[0], cache_len)
+            parts = _exact(cfg, q, k, v, task.rows[0], cache_len, rounded)
         for kind, part in parts.items():
             mine[kind] = reference_merge(mine[kind], part) if kind in mine else part
         del k, v, parts
@@ -111,19 +109,37 @@ def references(comm: MPI.Comm, cfg: Config, q: np.ndarray, cache_len: int, *,
     return out
 
 
-def _exact(cfg: Config, q, k, v, first: int, cache_len: int) -> Dict[str, tuple]:
-    """Partials of exact attention over one chunk, ``SUB_BYTES`` of float64 at a time."""
+def _exact(cfg: Config, q, k, v, first: int, cache_len: int,
+           rounded: bool) -> Dict[str, tuple]:
+    """Partials of exact attention over one chunk, ``SUB_BYTES`` of float64 at a time:
+    a piece small enough for the rounding, the conversions and the products to stay in
+    cache, in buffers allocated once, so that the check streams its chunk from memory
+    once (a fresh array a piece costs more in page faults than the arithmetic)."""
     if cfg.kernel_faithful:    # how far the kernel lands from attention as specified
         kinds = {"exact": (np.float64, None, False)}
     else:
         kinds = {"ref": (np.float64, cfg.scale, cfg.causal),
                  "control": (np.float32, cfg.scale, cfg.causal)}
-    step = max(1, SUB_BYTES // (2 * cfg.B * k.shape[-1] * 8))
+    B, n, width = k.shape
+    step = min(n, max(1, SUB_BYTES // (2 * B * width * 8)))
+    bufs = {dt: (np.empty((B, step, width), dt), np.empty((B, step, width), dt))
+            for dt in (np.float32, np.float64)}
     out: Dict[str, tuple] = {}
-    for s0 in range(0, k.shape[1], step):
-        kc, vc = k[:, s0:s0 + step], v[:, s0:s0 + step]
+    for s0 in range(0, n, step):
+        m = min(step, n - s0)
+        held = {}
+        for dt, (kb, vb) in bufs.items():
+            kb, vb = kb[:, :m], vb[:, :m]
+            if dt is np.float32 and rounded:
+                float16_values(k[:, s0:s0 + m], out=kb)
+                float16_values(v[:, s0:s0 + m], out=vb)
+            else:
+                src = held.get(np.float32, (k[:, s0:s0 + m], v[:, s0:s0 + m]))
+                np.copyto(kb, src[0])
+                np.copyto(vb, src[1])
+            held[dt] = kb, vb
         for kind, (dtype, scale, causal) in kinds.items():
-            part = reference_partial(q, kc, vc, h_kv=cfg.heads_kv, scale=scale,
+            part = reference_partial(q, *held[dtype], h_kv=cfg.heads_kv, scale=scale,
                                      first=first + s0, cache_len=cache_len, causal=causal,
                                      dtype=dtype)
             out[kind] = reference_merge(out[kind], part) if kind in out else part

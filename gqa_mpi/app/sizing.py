@@ -51,8 +51,8 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
 def check_bytes(cfg, root: bool) -> int:
     """Peak bytes the streamed check adds to one rank (every rank takes part).
 
-    One chunk of K and V as read, the generator's block, one float64 sub-chunk and
-    its float32 twin, their float16 rounding's scratch, the scores of a sub-chunk, and
+    One chunk of K and V as read, the generator's block, the buffers of one float64
+    piece and its float32 twin, the float16 rounding's scratch, the scores of a sub-chunk, and
     the partials; on the root also the partial it receives and the references it
     compares with. Nothing here grows with ``S_kv``.
     """
@@ -62,7 +62,7 @@ def check_bytes(cfg, root: bool) -> int:
     sub = min(n, max(1, SUB_BYTES // (2 * B * width * 8)))
     rows = 2 * B * n * width * 4
     block = min(GEN_BLOCK, n) * width * 4 if cfg.inputs is None else 0
-    float64 = 2 * B * sub * width * (8 + 4 + 4 * 4)     # float64, float32, rounding
+    float64 = 2 * B * sub * width * (8 + 4) + B * sub * width * 4  # buffers, rounding
     scores = 3 * B * T_q * h_q * sub * 8
     partial = B * T_q * h_q * (d + 2) * 8
     total = rows + block + float64 + scores + 6 * partial

@@ -45,12 +45,23 @@ def generate(seed: int, tensor: str, batch: int, n_tokens: int, width: int,
             b0 = blk * GEN_BLOCK
             b1 = min(b0 + GEN_BLOCK, n_tokens)
             rng = np.random.default_rng([seed, tid, i, blk])
-            block = rng.random((b1 - b0, width), dtype=np.float32)
-            block -= np.float32(0.5)
-            block *= np.float32(2 * np.sqrt(3))
             lo, hi = max(start, b0), min(stop, b1)
-            out[i, lo - start:hi - start] = block[lo - b0:hi - b0]
+            whole = (lo, hi) == (b0, b1)      # drawn in place, or drawn whole and cut
+            block = (out[i, lo - start:hi - start] if whole
+                     else np.empty((b1 - b0, width), dtype=np.float32))
+            rng.random(dtype=np.float32, out=block)
+            rows = max(1, _PIECE_BYTES // (4 * width))
+            for r in range(0, b1 - b0, rows):     # scaled a cache-sized piece at a time
+                piece = block[r:r + rows]
+                piece -= np.float32(0.5)
+                piece *= np.float32(2 * np.sqrt(3))
+            if not whole:
+                out[i, lo - start:hi - start] = block[lo - b0:hi - b0]
     return out
+
+
+_PIECE_BYTES = 256 << 10
+"""Bytes of a generated block scaled at a time (kept in cache)."""
 
 
 def query_stream(seed: int, batch: int, steps: int, queries: int, width: int) -> np.ndarray:

@@ -114,23 +114,30 @@ def reference_partial(q, k, v, *, h_kv: int, scale: float | None = None,
     return heads(m), heads(l), heads(o)
 
 
-def float16_values(x: np.ndarray) -> np.ndarray:
-    """float32 ``x`` rounded to the nearest float16 (ties to even), kept as float32:
-    the values a rank holds when K and V are resident in float16.
+def float16_values(x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 ``x`` rounded to the nearest float16 (ties to even), kept as float32
+    (in ``out`` if given): the values a rank holds when K and V are resident in float16.
 
-    The same numbers as ``x.astype(float16).astype(float32)`` at a third of its cost:
+    The same numbers as ``x.astype(float16).astype(float32)`` at a fraction of its cost:
     normal float16 values are rounded in the float32 bits (the low 13 bits of the
     significand, to nearest even); subnormals, overflow, inf and NaN go through NumPy.
     """
     x = np.ascontiguousarray(x, dtype=np.float32)
-    bits = x.view(np.uint32)
-    odd = (bits >> np.uint32(13)) & np.uint32(1)
-    out = ((bits + np.uint32(0xFFF) + odd) & np.uint32(0xFFFFE000)).view(np.float32)
-    a = np.abs(x)
-    odd_ones = ~((a >= np.float32(2.0 ** -14)) & (a < np.float32(65520.0)))
-    if odd_ones.any():
+    out = np.empty_like(x) if out is None else out
+    bits, o = x.view(np.uint32), out.view(np.uint32)
+    np.right_shift(bits, np.uint32(13), out=o)
+    np.bitwise_and(o, np.uint32(1), out=o)              # ties go to the even neighbour
+    o += np.uint32(0xFFF)
+    o += bits
+    o &= np.uint32(0xFFFFE000)
+    # float16's normal range is float32 exponent bits 0x38800000 .. 0x477FEFFF (|x| from
+    # 2**-14 to just below 65520); one unsigned comparison finds what lies outside it
+    e = np.bitwise_and(bits, np.uint32(0x7FFFFFFF))
+    e -= np.uint32(0x38800000)
+    odd = np.flatnonzero(e >= np.uint32(0x477FF000 - 0x38800000))
+    if odd.size:
         with np.errstate(over="ignore"):                 # overflow is inf, as in float16
-            out[odd_ones] = x[odd_ones].astype(np.float16).astype(np.float32)
+            out.reshape(-1)[odd] = x.reshape(-1)[odd].astype(np.float16).astype(np.float32)
     return out
 
 

@@ -180,7 +180,7 @@ def reduction_table(ranks: List[int], tokens_per_rank: List[int], steps: int, ti
                 if proc.returncode != 0:
                     rows.append(dict(ranks=n, tokens_per_rank=per_rank, reduce=schedule,
                                      wire=wire,
-                                     error=(proc.stderr.strip().splitlines() or ["?"])[-1]))
+                                     error=_why(proc)))
                     continue
                 rec = RunRecord.load(path)
                 red = float(np.median(rec.beyond_local()))
@@ -213,8 +213,7 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
                                                    str(per_rank * row_bytes), "--repeats",
                                                    str(max(3, repeats))]), timeout)
                 if probe.returncode != 0:
-                    rows.append(dict(ranks=n, kv_dtype=dtype, error=(
-                        probe.stderr.strip().splitlines() or ["?"])[-1]))
+                    rows.append(dict(ranks=n, kv_dtype=dtype, error=_why(probe)))
                     continue
                 bandwidth = json.loads(probe.stdout.strip().splitlines()[-1])["bandwidth"]
                 for G in groups:
@@ -228,8 +227,7 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
                         head = dict(ranks=n, kv_dtype=dtype, G=G, reduce=schedule,
                                     read_gbs=bandwidth / 1e9)
                         if proc.returncode != 0:
-                            rows.append(dict(head, error=(proc.stderr.strip().splitlines()
-                                                          or ["?"])[-1]))
+                            rows.append(dict(head, error=_why(proc)))
                             continue
                         rows.append(dict(head, **_step_row(RunRecord.load(path), row_bytes,
                                                            bandwidth)))
@@ -269,8 +267,7 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
                     proc = _launch(gqa_command(n, seq + common + args + ["--json", path]),
                                    timeout)
                     if proc.returncode not in (0, 1):      # 1: the kernel's own numerics
-                        rows.append(dict(ranks=n, error=(proc.stderr.strip().splitlines()
-                                                         or ["?"])[-1]))
+                        rows.append(dict(ranks=n, error=_why(proc)))
                         break
                     with open(path) as f:
                         doc = json.load(f)
@@ -281,6 +278,12 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
                                      source_s=times["source"], numpy_s=times["numpy"],
                                      source_over_numpy=times["source"] / times["numpy"]))
     return rows
+
+
+def _why(proc: subprocess.CompletedProcess) -> str:
+    """Why a launch failed: its last line of stderr, else of stdout, and its exit code."""
+    lines = (proc.stderr or "").strip().splitlines() or (proc.stdout or "").strip().splitlines()
+    return f"exit {proc.returncode}: {lines[-1] if lines else 'nothing printed'}"
 
 
 def _launch(cmd: List[str], timeout: float) -> subprocess.CompletedProcess:
