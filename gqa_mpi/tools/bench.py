@@ -458,6 +458,7 @@ def main(argv=None) -> int:
                    help="per mpirun launch, seconds; a launch past it is killed and shown "
                         "as failed (default %(default)s)")
     args = p.parse_args(argv)
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
     if args.quick:
         args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
         args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 1
@@ -478,6 +479,8 @@ def main(argv=None) -> int:
     result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1, isa=kernels.isa())
     result["local"] = local_table(tokens, tiles, groups, args.heads_kv, args.head_dim,
                                   args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
+    if cores is not None:       # PyTorch's import may pin this process to one core; the
+        os.sched_setaffinity(0, cores)      # launches below inherit the affinity
     result["reduction"] = reduction_table(ranks, _sizes(args.tokens_per_rank), args.steps,
                                           args.timeout, every_wire=not args.quick)
     result["step_tokens"] = step_tokens
