@@ -44,9 +44,22 @@ def test_core_loads_no_mpi():
     code = ("import sys, gqa_mpi.core, gqa_mpi.core.attention, gqa_mpi.core.kernels, "
             "gqa_mpi.core.schedules, gqa_mpi.core.wires, gqa_mpi.core.grid, "
             "gqa_mpi.core.kernel_model, gqa_mpi.core.partition, gqa_mpi.core.reference, "
-            "gqa_mpi.core.inputs, gqa_mpi.core.trace; "
+            "gqa_mpi.core.inputs, gqa_mpi.core.trace, gqa_mpi.core.streamed, "
+            "gqa_mpi.core.progress; "
             "assert 'mpi4py' not in sys.modules, 'core imported mpi4py'; "
             "import gqa_mpi; assert 'mpi4py' not in sys.modules")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_the_tools_start_no_mpi():
+    """The bench and the study launch mpirun; an MPI initialised in them (a singleton)
+    leaves its launcher's variables to the children, and Open MPI's mpirun then exits
+    1 without a word."""
+    code = ("import sys, gqa_mpi.tools.bench, gqa_mpi.tools.study.cli, gqa_mpi.app.sizing, "
+            "gqa_mpi.app.outputs, gqa_mpi.app.record; "
+            "assert 'mpi4py.MPI' not in sys.modules, 'a tool imported mpi4py.MPI'")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr

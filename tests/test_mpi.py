@@ -472,6 +472,7 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, faith
     """Chunks dealt round robin to n ranks (some with none), partials folded at rank 0:
     the plain in-memory references to float64's rounding."""
     from gqa_mpi.app import references
+    from gqa_mpi.core import streamed
     from gqa_mpi.core.kernel_model import kernel_reference
     comm = sub_world(n)
     if comm == MPI.COMM_NULL:
@@ -487,13 +488,13 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, faith
                      batch=2).placed(n)
     q, k, v = inputs.load_rows(None, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
                                cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
-    saved = references.CHUNK_BYTES
-    references.CHUNK_BYTES = chunk_bytes
+    saved = streamed.CHUNK_BYTES
+    streamed.CHUNK_BYTES = chunk_bytes
     try:
         got = references.references(comm, cfg, q, cfg.seq_len, n_tokens=cfg.final_len,
                                     rounded=False)
     finally:
-        references.CHUNK_BYTES = saved
+        streamed.CHUNK_BYTES = saved
     if comm.rank == 0:
         k, v = (np.asarray(x)[:, :cfg.seq_len] for x in (k, v))
         if faithful:

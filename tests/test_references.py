@@ -111,7 +111,7 @@ def test_kernel_units_fold_to_the_kernel_model(T, hkv, G, d, S, N, tile, tiles):
                                 dict(seq_len=5003, kernel_faithful=True, heads_kv=1,
                                      heads_q=8, cubes=1, pes=4)])
 def test_the_plan_reads_every_token_once_in_bounded_chunks(kw):
-    from gqa_mpi.app.references import CHUNK_BYTES, plan
+    from gqa_mpi.core.streamed import CHUNK_BYTES, plan
     cfg = Config(**kw)
     cfg = cfg.placed(cfg.pes or 1)
     width = cfg.heads_kv * cfg.head_dim
@@ -145,24 +145,21 @@ SUITE_PROBLEMS = [   # problems of the MPI suite and the command-line tests
 
 
 @pytest.mark.parametrize("kw", SUITE_PROBLEMS)
-def test_the_streamed_check_matches_the_in_memory_one(kw):
+def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
     """The largest difference of the streamed references from the plain in-memory
     ones (what the check computed before it streamed), normwise."""
     from mpi4py import MPI
-    from gqa_mpi.app import references
+    from gqa_mpi.app.references import references
+    from gqa_mpi.core import streamed
     cfg = Config(**kw).placed(4)
     q, k, v = load_rows(None, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
                         cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
     k, v = (np.asarray(x)[:, :cfg.seq_len] for x in (k, v))     # the cache at step 0
-    small = dict(CHUNK_BYTES=references.CHUNK_BYTES, SUB_BYTES=references.SUB_BYTES)
-    try:   # chunks far smaller than the cache, so that many are merged
-        references.CHUNK_BYTES, references.SUB_BYTES = 1 << 18, 1 << 16
-        held = cfg.kv_dtype == "float16"
-        got = references.references(MPI.COMM_SELF, cfg, q, cfg.seq_len,
-                                    n_tokens=cfg.final_len, rounded=held)
-    finally:
-        for name, value in small.items():
-            setattr(references, name, value)
+    # chunks and pieces far smaller than the cache, so that many are merged
+    monkeypatch.setattr(streamed, "CHUNK_BYTES", 1 << 18)
+    monkeypatch.setattr(streamed, "SUB_BYTES", 1 << 16)
+    held = cfg.kv_dtype == "float16"
+    got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=cfg.final_len, rounded=held)
     if held:
         k, v = (x.astype(np.float16) for x in (k, v))
     if cfg.kernel_faithful:

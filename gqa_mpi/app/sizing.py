@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..core.inputs import GEN_BLOCK
 from ..core.kernels import CHUNK
-from .references import SUB_BYTES, chunk_tokens
+from ..core.streamed import SUB_BYTES, chunk_tokens
 
 BASELINE = 96 << 20
 """Python, NumPy and MPI of one rank before any tensor (measured: 60-100 MiB)."""
