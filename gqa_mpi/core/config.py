@@ -176,7 +176,8 @@ class Config:
     trace_tiles: bool = opt(False, "outputs")
     """with --trace: one event per tile of the local sweep too"""
     check: bool = opt(True, "outputs")
-    """check O against a float64 reference on rank 0, which then holds all of K and V"""
+    """check O against a float64 reference that every rank computes a share of, a chunk
+    of K and V at a time (its memory does not grow with S_kv), folded on rank 0"""
     check_every: int = opt(1, "outputs", metavar="K")
     """with --steps: check every K-th step against the cache as it stands (the last
     step is always checked)"""
