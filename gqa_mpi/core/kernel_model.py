@@ -149,16 +149,19 @@ def kernel_partial(q, k_rows, v_rows, *, S_kv: int, n_ranks: int,
     _, s0, s1 = unit
     a, _ = kernel_rows(S_kv, n_ranks, unit, width, d)
     offset = (kernel_token_range(S_kv, n_ranks, unit[0])[0] - a) * width + s0 * d
-    as64 = lambda x: np.asarray(x, dtype=np.float16).astype(np.float64).ravel()  # noqa: E731
-    q_rows = as64(q)[:G * T_q * d].reshape(G * T_q, d)
-    k_flat, v_flat = as64(k_rows)[offset:], as64(v_rows)[offset:]
-    scores, values = [], []
-    for t0 in range(0, s1 - s0, tile):
-        ts = min(tile, s1 - s0 - t0)
-        scores.append(q_rows @ k_flat[t0 * d:(t0 + ts) * d].reshape(d, ts))
-        values.append(v_flat[t0 * d:(t0 + ts) * d].reshape(ts, d))
-    s = np.concatenate(scores, axis=1)
+    n = (s1 - s0) * d
+    # the values as the kernel's float16 memory holds them, widened a tile at a time
+    k_flat, v_flat = (np.asarray(x, dtype=np.float16).ravel()[offset:offset + n]
+                      for x in (k_rows, v_rows))
+    q_rows = np.asarray(q, dtype=np.float16).astype(np.float64).ravel()[
+        :G * T_q * d].reshape(G * T_q, d)
+    tiles = [(t0, min(tile, s1 - s0 - t0)) for t0 in range(0, s1 - s0, tile)]
     with np.errstate(all="ignore"):
+        s = np.concatenate([q_rows @ k_flat[t0 * d:(t0 + ts) * d].astype(np.float64)
+                            .reshape(d, ts) for t0, ts in tiles], axis=1)
         m = s.max(axis=1)
         p = np.exp(s - m[:, None])
-        return m[None, None], p.sum(axis=1)[None, None], (p @ np.concatenate(values))[None, None]
+        o = np.zeros((G * T_q, d))
+        for t0, ts in tiles:
+            o += p[:, t0:t0 + ts] @ v_flat[t0 * d:(t0 + ts) * d].astype(np.float64).reshape(ts, d)
+        return m[None, None], p.sum(axis=1)[None, None], o[None, None]
