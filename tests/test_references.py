@@ -111,10 +111,11 @@ def test_kernel_units_fold_to_the_kernel_model(T, hkv, G, d, S, N, tile, tiles):
                                 dict(seq_len=5003, kernel_faithful=True, heads_kv=1,
                                      heads_q=8, cubes=1, pes=4)])
 def test_the_plan_reads_every_token_once_in_bounded_chunks(kw):
-    from gqa_mpi.core.streamed import CHUNK_BYTES, plan
+    from gqa_mpi.core.streamed import CHUNK_BYTES, plan, plan_size
     cfg = Config(**kw)
     cfg = cfg.placed(cfg.pes or 1)
     width = cfg.heads_kv * cfg.head_dim
+    assert plan_size(cfg, cfg.seq_len) == len(plan(cfg, cfg.seq_len))
     exact = [t.rows for t in plan(cfg, cfg.seq_len) if t.unit is None]
     assert exact[0][0] == 0 and exact[-1][1] == cfg.seq_len
     assert all(a[1] == b[0] for a, b in zip(exact, exact[1:]))
@@ -150,14 +151,16 @@ def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
     ones (what the check computed before it streamed), normwise."""
     from mpi4py import MPI
     from gqa_mpi.app.references import references
+    if not MPI.Is_initialized():      # importing the command line defers MPI_Init
+        MPI.Init_thread(MPI.THREAD_MULTIPLE)
     from gqa_mpi.core import streamed
     cfg = Config(**kw).placed(4)
     q, k, v = load_rows(None, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
                         cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
     k, v = (np.asarray(x)[:, :cfg.seq_len] for x in (k, v))     # the cache at step 0
     # chunks and pieces far smaller than the cache, so that many are merged
-    monkeypatch.setattr(streamed, "CHUNK_BYTES", 1 << 18)
-    monkeypatch.setattr(streamed, "SUB_BYTES", 1 << 16)
+    monkeypatch.setattr(streamed, "CHUNK_BYTES", 1 << 20)
+    monkeypatch.setattr(streamed, "SUB_BYTES", 1 << 18)
     held = cfg.kv_dtype == "float16"
     got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=cfg.final_len, rounded=held)
     if held:

@@ -245,7 +245,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def abort(comm: MPI.Comm) -> None:
     """Print this rank's traceback once, then end every rank of the job."""
-    sys.stderr.write(f"gqa_mpi: rank {comm.rank}: unexpected error, aborting all "
-                     f"{comm.size} ranks (exit code {EXIT_CRASH})\n{traceback.format_exc()}")
-    sys.stderr.flush()
-    comm.Abort(EXIT_CRASH)
+    watchdog.say_and_abort(comm, f"gqa_mpi: rank {comm.rank}: unexpected error, aborting "
+                                 f"all {comm.size} ranks (exit code {EXIT_CRASH})\n"
+                                 f"{traceback.format_exc()}", EXIT_CRASH)

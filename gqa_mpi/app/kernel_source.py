@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import runpy
-import sys
 import time
 import traceback
 from dataclasses import asdict
@@ -155,9 +154,7 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
 
 
 def _leave(comm: MPI.Comm, line: str) -> None:
-    sys.stderr.write(line + "\n")
-    sys.stderr.flush()
-    comm.Abort(EXIT_FAULT)
+    watchdog.say_and_abort(comm, line, EXIT_FAULT)
 
 
 def _record(cfg: Config, path: str, name: str, every: List[Dict], out: np.ndarray,

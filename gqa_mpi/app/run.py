@@ -16,6 +16,7 @@ from ..mpi import watchdog
 from . import outputs, report
 from ..core.progress import Progress
 from .check import check_output
+from ..core.streamed import plan_size
 from .references import references
 from ..core.config import Config
 from .decode import Decoder
@@ -136,12 +137,16 @@ def check_steps(comm: MPI.Comm, cfg: Config, kept, record, progress: Progress):
     rounding = record.m_rounding     # the largest rounding of m on the path, any rank
     rounded = cfg.kv_dtype == "float16" and not cfg.kernel_faithful
     checks = []
-    for n, (step, out, q_step) in enumerate(kept):
+    # one stage for every checked step, counted in rank 0's chunks
+    counts = [-(-plan_size(cfg, cfg.cache_len(step)) // comm.size) for step, _, _ in kept]
+    total = sum(counts)
+    progress.stage("check", "chunks on rank 0" + (f", {len(kept)} steps" if len(kept) > 1
+                                                  else ""))
+    for (step, out, q_step), before in zip(kept, np.cumsum([0] + counts[:-1])):
         watchdog.phase(f"check of step {step}")
-        progress.stage("check", f"chunks on rank 0 (step {step}, {n + 1} of {len(kept)} "
-                                "checked)" if len(kept) > 1 else "chunks on rank 0")
         refs = references(comm, cfg, q_step, cfg.cache_len(step), n_tokens=cfg.final_len,
-                          rounded=rounded, progress=progress.update)
+                          rounded=rounded,
+                          progress=lambda i, _, b=int(before): progress.update(b + i, total))
         if refs is not None:
             checks.append(check_output(cfg, out, rounding, refs))
     mine = (time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)

@@ -55,6 +55,14 @@ def plan(cfg: Config, cache_len: int) -> List[Task]:
     return tasks
 
 
+def plan_size(cfg: Config, cache_len: int) -> int:
+    """``len(plan(cfg, cache_len))``, counted without building it (a faithful run,
+    always one step, builds it)."""
+    if cfg.kernel_faithful:
+        return len(plan(cfg, cache_len))
+    return -(-cache_len // chunk_tokens(cfg.B, cfg.heads_kv * cfg.head_dim))
+
+
 def chunk_partials(cfg: Config, task: Task, q: np.ndarray, cache_len: int, *,
                    n_tokens: int, rounded: bool) -> Dict[str, tuple]:
     """The partials of one chunk of the check of a step over ``cache_len`` tokens,

@@ -18,7 +18,6 @@ some message was sent and never received, that is reported the same way.
 """
 from __future__ import annotations
 
-import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
@@ -28,6 +27,7 @@ from mpi4py import MPI
 from ..core.grid import DIRECTIONS
 from ..core.tl import KernelFault
 from ..core.trace import Recorder
+from . import watchdog
 from .topology import Topology
 
 EXIT_FAULT = 5
@@ -134,9 +134,7 @@ class Watch:
         if waiting and in_flight:
             lines.append(f"  {in_flight} message(s) were sent and not received, from a "
                          f"direction nobody waits on")
-        sys.stderr.write("\n".join(lines) + "\n")
-        sys.stderr.flush()
-        self.comm.Abort(EXIT_FAULT)
+        watchdog.say_and_abort(self.comm, "\n".join(lines), EXIT_FAULT)
 
 
 class MpiLink:

@@ -122,6 +122,19 @@ def _expire() -> None:
     comm.Abort(EXIT_TIMEOUT)
 
 
+SPOKEN = 0.3
+"""Seconds a rank leaves the launcher to forward its last words before it ends the
+job: MPI_Abort can kill the launcher's forwarding before it has drained the pipe."""
+
+
+def say_and_abort(comm, text: str, code: int) -> None:
+    """Write ``text`` to stderr, give the launcher time to pass it on, end every rank."""
+    sys.stderr.write(text if text.endswith("\n") else text + "\n")
+    sys.stderr.flush()
+    time.sleep(SPOKEN)
+    comm.Abort(code)
+
+
 def early_timeout(argv) -> Optional[float]:
     """The ``--timeout`` value of ``argv`` if it is a valid one, before full parsing."""
     args = list(sys.argv[1:] if argv is None else argv)
