@@ -7,7 +7,8 @@ decode   ``gqa_mpi.Decoder`` and ``decode``: steps and appends on arrays the ran
 run      one command-line run: inputs, the loop, checks, outputs, report
 kernel_source  ``--kernel-source``: the kernel's own file on every rank
 cli      ``python -m gqa_mpi``: parsing, refusals, exit codes
-check    the float64 check and its pass rule
+references  the float64 references, chunks dealt to every rank, folded on rank 0
+check    the check's pass rule
 record   typed per-rank statistics and the run record (JSON)
 report   the lines rank 0 prints
 outputs  atomic writes that never destroy what the user owns

@@ -3,7 +3,10 @@
 ===============  ===============================================================
 attention        the math of one PE: partials, merge, the NumPy tile sweep
 kernels          the local kernels (NumPy sweep, fused C) and their layouts
-reference        exact float64 GQA attention, the check's yardstick
+reference        exact float64 GQA attention, the check's yardstick, whole or a
+                 chunk at a time with its own merge
+streamed         the streamed check's chunks and their partials, from the inputs
+progress         progress lines of a long run
 kernel_model     the accelerator kernel's own reads and its float64 model
 partition        which tokens each rank holds
 grid             cubes and PE grids: places, neighbours, chain depth
