@@ -38,7 +38,8 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     tile = min(cfg.tile, max(tokens, 1))
     scratch = B * h_kv * R * tile * 4 + 2 * B * h_kv * tile * d * 4
     stream = B * cfg.steps * T_q * h_q * d * 4 if cfg.steps > 1 else 0   # every step's Q
-    total = BASELINE + resident + chunk + q + partial + scratch + stream
+    block = GEN_BLOCK * width_kv * 4 if cfg.inputs is None else 0  # drawn whole, then cut
+    total = BASELINE + resident + chunk + block + q + partial + scratch + stream
     if cfg.check:
         total += check_bytes(cfg, root)
     if root:
@@ -61,7 +62,7 @@ def check_bytes(cfg, root: bool) -> int:
     n = chunk_tokens(B, width)
     sub = min(n, max(1, SUB_BYTES // (2 * B * width * 8)))
     rows = 2 * B * n * width * 4
-    block = min(GEN_BLOCK, n) * width * 4 if cfg.inputs is None else 0
+    block = GEN_BLOCK * width * 4 if cfg.inputs is None else 0   # a block cut in two
     float64 = 2 * B * sub * width * (8 + 4) + B * sub * width * 4  # buffers, rounding
     scores = 3 * B * T_q * h_q * sub * 8
     partial = B * T_q * h_q * (d + 2) * 8
