@@ -28,3 +28,17 @@ def test_the_estimate_holds_the_measured_peaks_and_the_check_does_not_grow(tmp_p
         peaks[S] = max(r.peak_rss_mib for r in rec.ranks)
     longer_slice = (400_000 - 100_000) // 4 * 2 * 64 * 4 * 2 / MIB
     assert peaks[400_000] - peaks[100_000] <= longer_slice + 16, (peaks, longer_slice)
+
+
+def test_the_estimate_holds_the_peaks_of_float16_and_faithful_checks(tmp_path):
+    for name, extra in (("float16", ["--kv-dtype", "float16"]),
+                        ("faithful", ["--kernel-faithful"])):
+        path = tmp_path / f"{name}.json"
+        proc = launch(4, ["--seq-len", 200_000, *PROBLEM, *extra, "--json", path])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        rec = RunRecord.load(path)
+        assert rec.check.passed
+        for r in rec.ranks:
+            estimate = rank_bytes(rec.config, r.held, r.rank == 0) / MIB
+            assert r.peak_rss_mib <= estimate <= 1.3 * r.peak_rss_mib + 64, (
+                name, r.rank, r.peak_rss_mib, estimate)

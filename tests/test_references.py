@@ -83,8 +83,8 @@ def test_float16_values_round_like_numpy():
 
 
 @pytest.mark.parametrize("T,hkv,G,d,S,N,tile,tiles", [
-    (1, 1, 8, 16, 1000, 4, 32, 2), (2, 2, 4, 8, 5003, 4, 64, 3), (1, 8, 4, 32, 4096 + 5, 16, 128, 1),
-    (1, 1, 2, 4, 9, 3, 1024, 1)])
+    (1, 1, 8, 16, 1000, 4, 32, 2), (2, 2, 4, 8, 5003, 4, 64, 3),
+    (1, 8, 4, 32, 4096 + 5, 16, 128, 1), (1, 1, 2, 4, 9, 3, 1024, 1)])
 def test_kernel_units_fold_to_the_kernel_model(T, hkv, G, d, S, N, tile, tiles):
     rng = np.random.default_rng(S)
     q = rng.standard_normal((1, T, hkv * G * d)).astype(np.float32)

@@ -44,8 +44,8 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
         total += check_bytes(cfg, root)
     if root:
         total += 2 * B * T_q * h_q * d * 4                      # O, unfolded
-        total += checked_steps(cfg) * B * T_q * h_q * d * 4     # kept O, checked after
-                                                                # the loop
+        # each checked step's O, kept until the loop ends (the check follows it)
+        total += checked_steps(cfg) * B * T_q * h_q * d * 4
     return total
 
 

@@ -26,6 +26,7 @@ generator's blocks where one fits, so that no block is drawn twice."""
 SUB_BYTES = 2 << 20
 """K and V of one chunk held in float64 at a time (in cache)."""
 
+
 @dataclass(frozen=True)
 class Task:
     """One chunk of the check: the cache rows ``[a, b)`` it reads, and for a

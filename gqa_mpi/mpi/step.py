@@ -101,6 +101,7 @@ class Rank:
         self.count = k_rows.shape[1]
         room = self.count + cfg.appended(self.topo.rank, cfg.steps - 1)
         self.q = q
+
         def chunk(name, i, j):
             if progress is not None and name == "v":
                 progress(i, self.count)
