@@ -27,7 +27,7 @@ from gqa_mpi.core.wires import WIRES  # noqa: E402
 from gqa_mpi.mpi.exchange import collective, execute  # noqa: E402
 from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
-from util import spec_depth, spec_schedule  # noqa: E402
+from util import spec_depth, spec_kernel_model, spec_schedule  # noqa: E402
 
 pytestmark = pytest.mark.mpi(min_size=16)
 
@@ -473,7 +473,6 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, faith
     the plain in-memory references to float64's rounding."""
     from gqa_mpi.app import references
     from gqa_mpi.core import streamed
-    from gqa_mpi.core.kernel_model import kernel_reference
     comm = sub_world(n)
     if comm == MPI.COMM_NULL:
         return
@@ -498,7 +497,7 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, faith
     if comm.rank == 0:
         k, v = (np.asarray(x)[:, :cfg.seq_len] for x in (k, v))
         if faithful:
-            want = kernel_reference(q, k, v, h_kv=1, n_ranks=n, tile=cfg.tile)
+            want = spec_kernel_model(q, k[0], v[0], h_kv=1, n=n, tile=cfg.tile)
             np.testing.assert_allclose(got["model"], want, rtol=0, atol=1e-12)
             np.testing.assert_allclose(got["exact"], attention_reference(q, k, v, h_kv=1),
                                        rtol=0, atol=1e-12)

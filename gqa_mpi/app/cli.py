@@ -41,8 +41,9 @@ softmax, then the partials (m, l, O) flow to rank 0 along the kernel's chain:
 leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
 cube to cube (W). Rank 0 normalises; every rank then computes a share of a
 float64 reference straight from the inputs, rank 0 checks O against it and prints a
-report (and, in a run longer than 3 s, progress lines on stderr). Exit code: 0 passed, 1 check failed or output not finite, 2 bad
-input or an output that cannot be written, 3 --timeout, 4 a rank failed unexpectedly
+report (and, in a run longer than 3 s, progress lines on stderr). Exit code: 0
+passed, 1 check failed or output not finite, 2 bad input or an output that cannot be
+written, 3 --timeout, 4 a rank failed unexpectedly
 and the job was aborted, 5 the kernel under test (--kernel-source) faulted, 128+N
 killed by signal N.
 """

@@ -17,6 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.config import Config
+from ..core.kernel_model import kernel_output
 from ..core.reference import reference_finish, reference_merge
 from ..core.streamed import chunk_partials, plan
 from ..mpi import watchdog
@@ -46,7 +47,6 @@ def references(comm: MPI.Comm, cfg: Config, q: np.ndarray, cache_len: int, *,
         parts = chunk_partials(cfg, task, q, cache_len, n_tokens=n_tokens, rounded=rounded)
         for kind, part in parts.items():
             mine[kind] = reference_merge(mine[kind], part) if kind in mine else part
-        del parts
         if progress is not None:
             progress(i + 1, len(tasks))
     folded = _fold(comm, mine)
@@ -54,9 +54,7 @@ def references(comm: MPI.Comm, cfg: Config, q: np.ndarray, cache_len: int, *,
         return None
     out = {kind: reference_finish(part) for kind, part in folded.items()}
     if "model" in out:      # the kernel's (G*T_q, d) lands at the start of a zeroed O
-        placed = np.zeros(q.shape)
-        placed.ravel()[:out["model"].size] = out["model"].ravel()
-        out["model"] = placed
+        out["model"] = kernel_output(out["model"], q.shape, dtype=np.float64)
     return out
 
 

@@ -12,14 +12,14 @@ from mpi4py import MPI
 import numpy as np
 
 from ..core import inputs
+from ..core.config import Config
+from ..core.progress import Progress
+from ..core.streamed import plan_size
 from ..mpi import watchdog
 from . import outputs, report
-from ..core.progress import Progress
 from .check import check_output
-from ..core.streamed import plan_size
-from .references import references
-from ..core.config import Config
 from .decode import Decoder
+from .references import references
 
 
 def wait_for_root(comm: MPI.Comm) -> None:

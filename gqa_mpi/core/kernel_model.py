@@ -23,6 +23,8 @@ from typing import List, Tuple
 
 import numpy as np
 
+from .reference import reference_finish, reference_merge
+
 
 def kernel_token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
     """The tokens the kernel reads on ``rank``: the first ``S_local = S_kv // n_ranks`` of
@@ -69,9 +71,9 @@ def kernel_operands(q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, *,
     return qk, k, vflat.reshape(1, 1, S_local, d)
 
 
-def kernel_output(o: np.ndarray, q_shape: tuple) -> np.ndarray:
+def kernel_output(o: np.ndarray, q_shape: tuple, dtype=np.float32) -> np.ndarray:
     """Place the root's ``(G*T_q, d)`` result at the start of a zeroed O like Q."""
-    out = np.zeros(int(np.prod(q_shape)), dtype=np.float32)
+    out = np.zeros(int(np.prod(q_shape)), dtype=dtype)
     out[:o.size] = o.ravel()
     return out.reshape(q_shape)
 
@@ -83,36 +85,25 @@ def kernel_reference(q, k, v, *, h_kv: int, n_ranks: int, tile: int) -> np.ndarr
     dropped); Q read as the first ``G*T_q*d`` values as ``(G*T_q, d)``; tile ``t`` of
     each rank's ``(S_local, h_kv*d)`` slice read from element ``t*tile*d`` as
     ``(d, tile_s)`` for K and ``(tile_s, d)`` for V; no scale; one softmax over all
-    the scores. The ``(G*T_q, d)`` result lands at the start of a zeroed O like Q.
+    the scores (merged a rank's slice at a time, as the streamed check does). The
+    ``(G*T_q, d)`` result lands at the start of a zeroed O like Q.
 
     Parameters
     ----------
     q : (T_q, h_q*d) or (1, T_q, h_q*d)
     k, v : (S_kv, h_kv*d) or (1, S_kv, h_kv*d)
     """
-    shape = np.shape(q)
-    q, k, v = (np.asarray(x, dtype=np.float16).astype(np.float64).reshape(-1, x.shape[-1])
-               for x in (np.asarray(q), np.asarray(k), np.asarray(v)))
-    T_q = q.shape[0]
-    d = k.shape[-1] // h_kv
-    G = q.shape[-1] // d // h_kv
-    S_local = k.shape[0] // n_ranks
-    q_rows = q.ravel()[:G * T_q * d].reshape(G * T_q, d)
-    scores, values = [], []
-    for r in range(n_ranks):
-        a, b = kernel_token_range(k.shape[0], n_ranks, r)
-        k_flat = k[a:b].ravel()
-        v_flat = v[a:b].ravel()
-        for s0 in range(0, S_local, tile):
-            ts = min(tile, S_local - s0)
-            scores.append(q_rows @ k_flat[s0 * d:(s0 + ts) * d].reshape(d, ts))
-            values.append(v_flat[s0 * d:(s0 + ts) * d].reshape(ts, d))
-    s = np.concatenate(scores, axis=1)
-    p = np.exp(s - s.max(axis=1, keepdims=True))
-    o = (p / p.sum(axis=1, keepdims=True)) @ np.concatenate(values, axis=0)
-    out = np.zeros(int(np.prod(shape)))
-    out[:o.size] = o.ravel()
-    return out.reshape(shape)
+    k, v = (np.asarray(x).reshape(-1, np.shape(x)[-1]) for x in (k, v))
+    S_kv, width = k.shape
+    acc = None
+    for unit in kernel_units(S_kv, n_ranks, tile, tiles=S_kv):    # a rank's slice each
+        a, b = kernel_rows(S_kv, n_ranks, unit, width, width // h_kv)
+        part = kernel_partial(q, k[a:b], v[a:b], S_kv=S_kv, n_ranks=n_ranks, unit=unit,
+                              h_kv=h_kv, tile=tile)
+        acc = part if acc is None else reference_merge(acc, part)
+    if acc is None:
+        raise ValueError(f"S_kv={S_kv} < {n_ranks} ranks: the kernel reads no token")
+    return kernel_output(reference_finish(acc), np.shape(q), dtype=np.float64)
 
 
 # ---- the same model a group of tiles at a time, for a check that streams the cache

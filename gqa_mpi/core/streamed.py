@@ -90,22 +90,17 @@ def _exact(cfg: Config, q, k, v, first: int, cache_len: int,
                  "control": (np.float32, cfg.scale, cfg.causal)}
     B, n, width = k.shape
     step = min(n, max(1, SUB_BYTES // (2 * B * width * 8)))
-    bufs = {dt: (np.empty((B, step, width), dt), np.empty((B, step, width), dt))
-            for dt in (np.float32, np.float64)}
+    k32, v32, k64, v64 = (np.empty((B, step, width), dt)
+                          for dt in (np.float32, np.float32, np.float64, np.float64))
     out: Dict[str, tuple] = {}
     for s0 in range(0, n, step):
         m = min(step, n - s0)
-        held = {}
-        for dt, (kb, vb) in bufs.items():
-            kb, vb = kb[:, :m], vb[:, :m]
-            if dt is np.float32 and rounded:
-                float16_values(k[:, s0:s0 + m], out=kb)
-                float16_values(v[:, s0:s0 + m], out=vb)
-            else:
-                src = held.get(np.float32, (k[:, s0:s0 + m], v[:, s0:s0 + m]))
-                np.copyto(kb, src[0])
-                np.copyto(vb, src[1])
-            held[dt] = kb, vb
+        kc, vc = k[:, s0:s0 + m], v[:, s0:s0 + m]
+        if rounded:
+            kc, vc = float16_values(kc, out=k32[:, :m]), float16_values(vc, out=v32[:, :m])
+        np.copyto(k64[:, :m], kc)
+        np.copyto(v64[:, :m], vc)
+        held = {np.float32: (kc, vc), np.float64: (k64[:, :m], v64[:, :m])}
         for kind, (dtype, scale, causal) in kinds.items():
             part = reference_partial(q, *held[dtype], h_kv=cfg.heads_kv, scale=scale,
                                      first=first + s0, cache_len=cache_len, causal=causal,
