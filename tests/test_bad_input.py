@@ -149,7 +149,8 @@ def test_bad_arguments(capsys, case):
     (["--seq-len", 10 ** 10], {}, "needs about"),
     (["--seq-len", 100], {"GQA_MPI_FAULT": "raise:0"}, "GQA_MPI_FAULT='raise:0' is not"),
     (["--output", "/dev/null", "--seq-len", 100], {}, "is a character device"),
-    (["--kernel-faithful", "--pes", 4, "--cubes", 1, "--seq-len", 3], {}, "SPEC defect 6"),
+    (["--kernel-source", "builtin:corrected", "--reduce", "tree"], {},
+     "cannot honour --reduce tree"),
 ])
 def test_every_rank_leaves_with_the_same_code(args, env, words):
     """Real launches: a refusal is one line from rank 0 and exit 2 from all ranks."""

@@ -36,7 +36,8 @@ def test_one_given():
     (dict(reduce="mpi", wire="fp32"), 1, "--reduce mpi carries only --wire packed"),
     (dict(split=(3, 4)), 1, "add up to S_kv"),
     (dict(seq_len=7, split=(3, 4)), 3, "2 token counts for 3 ranks"),
-    (dict(kernel_faithful=True, pes=6), 6, "SPEC defect 1"),
+    (dict(check_against="kernel-model"), 1, "give --kernel-source FILE too"),
+    (dict(check_against="model"), 1, "--check-against must be one of exact, kernel-model"),
     (dict(trace_tiles=True), 1, "give --trace"),
     (dict(batch=0), 1, "--batch must be a positive"),
 ])
@@ -47,7 +48,10 @@ def test_bad_config(kw, world, words):
 
 def test_dependent_defaults_live_in_the_config():
     assert Config().wire_format.name == "fp32"
-    assert Config(kernel_faithful=True).wire_format.name == "kernel"
+    assert Config(kernel_source="k.py").wire_format.name == "kernel"
+    assert Config(kernel_source="k.py").kv_dtype == "float16" == Config(
+        kernel_source="k.py", kv_dtype="float16").kv_dtype
+    assert Config().kv_dtype == "float32"
     assert Config(reduce="mpi").wire_format.name == "packed"
     assert Config(reduce="tree", wire="kernel").wire_format.name == "kernel"
     assert Config(batch=None).B == 1 and not Config().batched
@@ -110,8 +114,6 @@ def test_tokens_follow_the_split():
     assert [cfg.tokens(r) for r in range(4)] == [(0, 3), (3, 6), (6, 8), (8, 10)]
     cfg = Config(seq_len=10, split=(0, 10, 0, 0)).placed(4)
     assert [cfg.tokens(r) for r in range(4)] == [(0, 0), (0, 10), (10, 10), (10, 10)]
-    cfg = Config(seq_len=10, kernel_faithful=True, pes=4).placed(4)   # 3,3,2,2 held, 2 read
-    assert [cfg.tokens(r) for r in range(4)] == [(0, 2), (3, 5), (6, 8), (8, 10)]
 
 
 @pytest.mark.parametrize("kw,words", [
@@ -120,7 +122,8 @@ def test_tokens_follow_the_split():
     (dict(placement="striped"), "--placement must be contiguous, round-robin or blocks:B"),
     (dict(steps=2, causal=True, placement="round-robin"), "use --placement contiguous"),
     (dict(steps=2, inputs="dir"), "cannot follow --inputs"),
-    (dict(steps=2, kernel_faithful=True), "runs one decode step"),
+    (dict(steps=2, kernel_source="k.py", check_against="kernel-model"),
+     "the model is of one decode step"),
     (dict(check_every=0), "--check-every must be a positive"),
 ])
 def test_bad_decode_loop(kw, words):
@@ -141,10 +144,19 @@ def test_placements_and_the_growing_cache():
     assert not Config(steps=5, check=False).checked(4)
 
 
-def test_a_wire_chosen_by_another_option_is_refused_in_that_options_name():
-    with pytest.raises(ValueError, match="--kernel-faithful sends the kernel wire, which "
-                                         "--reduce mpi cannot carry"):
-        Config(kernel_faithful=True, reduce="mpi")
+@pytest.mark.parametrize("kw,option", [
+    (dict(reduce="tree"), "--reduce tree"), (dict(wire="fp16"), "--wire fp16"),
+    (dict(tile=512), "--tile 512"), (dict(kernel="numpy"), "--kernel numpy"),
+    (dict(kv_dtype="float32"), "--kv-dtype float32"), (dict(causal=True), "--causal"),
+    (dict(batch=2), "--batch"), (dict(trace="t.json", trace_tiles=True), "--trace-tiles")])
+def test_a_source_run_refuses_what_it_cannot_honour_by_name(kw, option):
+    with pytest.raises(ValueError, match=f"cannot honour {option} .*; drop "
+                                         f"{option.split()[0]}$"):
+        Config(kernel_source="k.py", **kw)
+    Config(kernel_source="k.py", steps=5, tile=1024, reduce="chain")   # the defaults are fine
+
+
+def test_a_wrong_wire_is_refused_in_its_own_name():
     with pytest.raises(ValueError, match=r"leave --wire out for packed"):
         Config(reduce="mpi", wire="fp32")
 

@@ -1,14 +1,14 @@
 """The float64 model of the accelerator kernel (``gqa_mpi.core.kernel_model``), on its
 own: against SPEC's index rules, exact attention where no defect shows, and the
-emulation's kernel-faithful operands (no MPI)."""
+kernel's operands as the retired faithful mode swept them (no MPI)."""
 import numpy as np
 import pytest
 
 from gqa_mpi.core.attention import finalize, local_attention, merge
-from gqa_mpi.core.kernel_model import (kernel_operands, kernel_output, kernel_reference,
-                                       kernel_token_range)
+from gqa_mpi.core.kernel_model import kernel_output, kernel_token_range
 from gqa_mpi.core.reference import attention_reference
 
+from kernel_model_extras import kernel_operands, kernel_reference
 from util import spec_kernel_model
 
 
@@ -60,7 +60,7 @@ def test_tail_tokens_and_later_queries_are_ignored():
 
 
 def test_faithful_operands_swept_and_merged_equal_the_model():
-    """What a rank computes in --kernel-faithful mode, merged over ranks, is the model."""
+    """The kernel's operands swept by the NumPy sweep, merged over ranks, are the model."""
     rng = np.random.default_rng(3)
     d, h_kv, G, T_q, n, tile, S = 8, 2, 2, 2, 3, 5, 50
     q = rng.standard_normal((1, T_q, G * h_kv * d)).astype(np.float32) / 2

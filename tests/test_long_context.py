@@ -1,10 +1,15 @@
 """Long contexts: the memory estimate against measured peaks, with the streamed check,
 whose share does not grow with the cache; progress lines in a batch log."""
 
+import os
+
 from gqa_mpi.app.record import RunRecord
 from gqa_mpi.app.sizing import rank_bytes
 
 from util import launch
+
+REFERENCE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared",
+                                          "reference", "_gqa_attention_decode_long.py"))
 
 MIB = 2 ** 20
 PROBLEM = ["--heads-q", "8", "--heads-kv", "2", "--head-dim", "64"]
@@ -30,9 +35,13 @@ def test_the_estimate_holds_the_measured_peaks_and_the_check_does_not_grow(tmp_p
     assert peaks[400_000] - peaks[100_000] <= longer_slice + 16, (peaks, longer_slice)
 
 
-def test_the_estimate_holds_the_peaks_of_float16_and_faithful_checks(tmp_path):
-    for name, extra in (("float16", ["--kv-dtype", "float16"]),
-                        ("faithful", ["--kernel-faithful"])):
+def test_the_estimate_holds_the_peaks_of_float16_and_source_checks(tmp_path):
+    runs = [("float16", ["--kv-dtype", "float16"]),
+            ("source", ["--kernel-source", "builtin:corrected"])]
+    if os.path.exists(REFERENCE):
+        runs.append(("kernel-model", ["--kernel-source", REFERENCE, "--softmax-scale", "1",
+                                      "--check-against", "kernel-model"]))
+    for name, extra in runs:
         path = tmp_path / f"{name}.json"
         proc = launch(4, ["--seq-len", 200_000, *PROBLEM, *extra, "--json", path])
         assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -133,12 +133,12 @@ def test_the_narrow_wires_tolerance_takes_the_rounding_along_the_whole_path():
 def test_checks_run_after_the_loop_so_no_timed_step_follows_one(capsys, monkeypatch):
     """A step's time must not depend on whether the steps around it were checked: the
     root checks every kept output after the last step."""
-    from gqa_mpi.app import decode, run
+    from gqa_mpi.app import check as checking, decode
     events = []
-    step, check = decode.Decoder.step, run.check_output
+    step, check = decode.Decoder.step, checking.judge
     monkeypatch.setattr(decode.Decoder, "step",
                         lambda self, q=None: events.append("step") or step(self, q))
-    monkeypatch.setattr(run, "check_output",
+    monkeypatch.setattr(checking, "judge",
                         lambda *a, **k: events.append("check") or check(*a, **k))
     code, out, err = run_cli(capsys, "--seq-len", 300, "--steps", 4, "--heads-q", 4,
                              "--heads-kv", 2, "--head-dim", 8)

@@ -109,8 +109,9 @@ def test_kernel_units_fold_to_the_kernel_model(T, hkv, G, d, S, N, tile, tiles):
 
 @pytest.mark.parametrize("kw", [dict(seq_len=10), dict(seq_len=1 << 20),
                                 dict(seq_len=70000, batch=3, heads_kv=2, heads_q=4),
-                                dict(seq_len=5003, kernel_faithful=True, heads_kv=1,
-                                     heads_q=8, cubes=1, pes=4)])
+                                dict(seq_len=5003, kernel_source="k.py", heads_kv=1,
+                                     check_against="kernel-model", heads_q=8, cubes=1,
+                                     pes=4)])
 def test_the_plan_reads_every_token_once_in_bounded_chunks(kw):
     from gqa_mpi.core.streamed import CHUNK_BYTES, plan, plan_size
     cfg = Config(**kw)
@@ -142,7 +143,9 @@ SUITE_PROBLEMS = [   # problems of the MPI suite and the command-line tests
     dict(seq_len=5000, heads_q=8, heads_kv=2, head_dim=64, batch=2),
     dict(seq_len=9000, heads_q=32, heads_kv=8, head_dim=128, kv_dtype="float16"),
     dict(seq_len=3000, heads_q=4, heads_kv=1, head_dim=32, softmax_scale=2.0, queries=2),
-    dict(seq_len=5003, heads_q=8, heads_kv=1, head_dim=128, kernel_faithful=True),
+    dict(seq_len=5003, heads_q=8, heads_kv=1, head_dim=128, kernel_source="k.py",
+         check_against="kernel-model"),
+    dict(seq_len=3001, heads_q=8, heads_kv=2, head_dim=16, kernel_source="k.py"),
 ]
 
 
@@ -151,7 +154,7 @@ def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
     """The largest difference of the streamed references from the plain in-memory
     ones (what the check computed before it streamed), normwise."""
     from mpi4py import MPI
-    from gqa_mpi.app.references import references
+    from gqa_mpi.app.check import references
     if not MPI.Is_initialized():      # importing the command line defers MPI_Init
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     from gqa_mpi.core import streamed
@@ -163,13 +166,14 @@ def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
     monkeypatch.setattr(streamed, "CHUNK_BYTES", 1 << 20)
     monkeypatch.setattr(streamed, "SUB_BYTES", 1 << 18)
     held = cfg.kv_dtype == "float16"
-    got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=cfg.final_len, rounded=held)
+    got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=cfg.final_len)
     if held:
         k, v = (x.astype(np.float16) for x in (k, v))
-    if cfg.kernel_faithful:
+    if cfg.check_against == "kernel-model":
         pairs = [(got["model"], spec_kernel_model(q, k[0], v[0], h_kv=cfg.heads_kv,
                                                   n=cfg.n_ranks, tile=cfg.tile)),
-                 (got["exact"], attention_reference(q, k, v, h_kv=cfg.heads_kv))]
+                 (got["exact"], attention_reference(q, k, v, h_kv=cfg.heads_kv,
+                                                    scale=cfg.scale))]
     else:
         kw = dict(h_kv=cfg.heads_kv, scale=cfg.scale, causal=cfg.causal)
         pairs = [(got["ref"], attention_reference(q, k, v, **kw)),

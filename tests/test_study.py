@@ -236,8 +236,9 @@ def test_the_key_is_every_option_that_can_change_a_result():
     for name, value in changed.items():
         ids.add(Point("strong", 4, replace(base, **{name: value})).run_id)
     assert len(ids) == len(changed) + 1
-    faithful = Config(seq_len=4000, kernel_faithful=True)
-    assert Point("strong", 4, faithful).run_id not in ids
+    source = Config(seq_len=4000, kernel_source="k.py")
+    modelled = replace(source, check_against="kernel-model")
+    assert len(ids | {Point("strong", 4, c).run_id for c in (source, modelled)}) == len(ids) + 2
     shown = {f.name for f in fields(Config)} - {"output", "json", "trace", "trace_tiles",
                                                 "quiet", "max_memory", "timeout", "reduce"}
     assert shown <= set(POINT_KEYS) and "reduce_schedule" in POINT_KEYS

@@ -7,7 +7,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from gqa_mpi.app.kernel_source import load
+from gqa_mpi.core.kernel_file import load
 from gqa_mpi.core.tl import Backend, KernelFault, run_kernel
 
 

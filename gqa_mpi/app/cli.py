@@ -20,32 +20,30 @@ from ..mpi import launch_check  # noqa: E402  (before mpi4py.MPI: defers MPI_Ini
 from mpi4py import MPI  # noqa: E402
 
 from .. import __version__  # noqa: E402
+from ..core import kernel_file  # noqa: E402
+from ..core.config import Config  # noqa: E402
 from ..core.inputs import InputError, inspect_inputs  # noqa: E402
+from ..core.kernels import select  # noqa: E402
+from ..exits import SIGNAL, Exit, describe  # noqa: E402
 from ..mpi import faults, watchdog  # noqa: E402
 from . import sizing  # noqa: E402
-from ..core.config import Config  # noqa: E402
 from .options import add_arguments  # noqa: E402
 from .outputs import Interrupted, check_paths, npy_bytes  # noqa: E402
 from .run import run  # noqa: E402
 
-EXIT_USAGE = 2
-EXIT_CRASH = 4
-"""A rank failed unexpectedly (a bug, or a lost node) and the job was aborted."""
-
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Emulate decode steps of the accelerator's long-context GQA kernel on MPI.
 
 Every MPI rank plays one PE of one cube (rank = cube * P + pe) and holds a
 contiguous slice of the KV cache. It sweeps its slice in tiles with an online
 softmax, then the partials (m, l, O) flow to rank 0 along the kernel's chain:
 leftward along each PE row (intra_W), up column 0 (intra_N), then westward from
-cube to cube (W). Rank 0 normalises; every rank then computes a share of a
-float64 reference straight from the inputs, rank 0 checks O against it and prints a
-report (and, in a run longer than 3 s, progress lines on stderr). Exit code: 0
-passed, 1 check failed or output not finite, 2 bad input or an output that cannot be
-written, 3 --timeout, 4 a rank failed unexpectedly
-and the job was aborted, 5 the kernel under test (--kernel-source) faulted, 128+N
-killed by signal N.
+cube to cube (W). Rank 0 normalises. With --kernel-source, the kernel's own file
+does all of that through gqa_mpi's tl instead. Every rank then computes a share of
+a float64 reference straight from the inputs, rank 0 checks O against it and prints
+a report (and, in a run longer than 3 s, progress lines on stderr).
+
+Exit code: {describe()}.
 """
 
 EPILOG = """\
@@ -55,11 +53,13 @@ examples:
   mpirun -n 8 python -m gqa_mpi --seq-len 100000 --queries 4 --causal
   mpirun -n 4 python -m gqa_mpi --inputs DIR --output o.npy --json run.json
   mpirun -n 16 python -m gqa_mpi --trace t.json       timeline for ui.perfetto.dev
-  mpirun -n 16 python -m gqa_mpi --kernel-faithful    the kernel's own arithmetic
   mpirun -n 16 python -m gqa_mpi --kernel-source KERNEL.py --softmax-scale 1
                                                       the kernel's own file, run as written
-  mpirun -n 16 python -m gqa_mpi --kernel-source builtin:corrected
-                                                      the kernel with SPEC's defects fixed
+  mpirun -n 16 python -m gqa_mpi --kernel-source KERNEL.py --check-against kernel-model
+                                                      ... held to its intended arithmetic
+  mpirun -n 16 python -m gqa_mpi --kernel-source builtin:corrected --steps 5
+                                                      the kernel with SPEC's defects fixed,
+                                                      five decode steps
   mpirun -n 16 python -m gqa_mpi --steps 20 --placement round-robin --reduce allgather
                                                       a decode loop, vLLM-style
   python -m gqa_mpi                                    one rank (C = P = 1)
@@ -84,12 +84,31 @@ class _Parser(argparse.ArgumentParser):
             super()._print_message(message, file)
 
 
+RETIRED = {
+    "--kernel-faithful": "--kernel-faithful is retired: run the kernel itself with "
+                         "--kernel-source FILE, and add --check-against kernel-model to hold "
+                         "it to the float64 model of its arithmetic",
+}
+"""Options that are gone, and what to do instead (refused in one line)."""
+
+
+class _Retired(argparse.Action):
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        raise UsageError(RETIRED[option_string])
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one option per :class:`~gqa_mpi.core.config.Config` field."""
     p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"gqa_mpi {__version__}")
     add_arguments(p)
+    for flag in RETIRED:
+        p.add_argument(flag, action=_Retired)
     return p
 
 
@@ -115,8 +134,7 @@ def _output_checks(cfg: Config) -> Optional[str]:
     inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
               if cfg.inputs is not None else [])
     if cfg.kernel_source is not None:            # the kernel's file is an input too
-        from . import kernel_source
-        inputs.append(kernel_source.resolve(cfg.kernel_source)[0])
+        inputs.append(kernel_file.resolve(cfg.kernel_source)[0])
     shape = (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim)
     return check_paths({"--output": cfg.output, "--json": cfg.json, "--trace": cfg.trace},
                        inputs, {"--output": npy_bytes(shape)})
@@ -147,7 +165,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
         given.update(problem)
     try:
         cfg = Config(**given).placed(comm.size)
-        cfg.local_kernel                   # --kernel fused where it cannot load: one line
+        if cfg.kernel_source is None:
+            select(cfg.kernel)             # --kernel fused where it cannot load: one line
     except ValueError as e:
         raise UsageError(str(e)) from None
     with watchdog.waiting("rank 0 (checking output paths)"):
@@ -155,9 +174,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
     if error:
         raise UsageError(error)
     if cfg.kernel_source is not None:
-        from . import kernel_source        # only its runs pay for the tl backend's import
         try:
-            kernel_source.load(cfg.kernel_source)
+            kernel_file.load(cfg.kernel_source)     # once per rank, kept for the run
             error = None
         except ValueError as e:
             error = str(e)
@@ -207,7 +225,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     why = launch_check.initialize()
     if why:
         launch_check.refuse(why)
-        return EXIT_USAGE
+        return Exit.USAGE
     comm = MPI.COMM_WORLD
     seconds = watchdog.early_timeout(argv)
     if seconds:
@@ -218,16 +236,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         except UsageError as e:
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
+            return Exit.USAGE
         try:
-            if cfg.kernel_source is not None:
-                from . import kernel_source
-                return kernel_source.run(comm, cfg)
             return run(comm, cfg)
         except InputError as e:  # raised on every rank alike (see run.refuse_nonfinite)
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
-            return EXIT_USAGE
+            return Exit.USAGE
     except SystemExit:
         raise
     except (Interrupted, KeyboardInterrupt) as e:  # SIGTERM/SIGINT; a write cleans up
@@ -236,8 +251,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                          f"{signal.Signals(signum).name}; no partial output file was left\n")
         sys.stderr.flush()
         if comm.size > 1:
-            comm.Abort(128 + signum)
-        return 128 + signum
+            comm.Abort(SIGNAL + signum)
+        return SIGNAL + signum
     except BaseException:
         abort(comm)
     finally:
@@ -247,5 +262,5 @@ def main(argv: Optional[List[str]] = None) -> int:
 def abort(comm: MPI.Comm) -> None:
     """Print this rank's traceback once, then end every rank of the job."""
     watchdog.say_and_abort(comm, f"gqa_mpi: rank {comm.rank}: unexpected error, aborting "
-                                 f"all {comm.size} ranks (exit code {EXIT_CRASH})\n"
-                                 f"{traceback.format_exc()}", EXIT_CRASH)
+                                 f"all {comm.size} ranks (exit code {int(Exit.CRASH)})\n"
+                                 f"{traceback.format_exc()}", Exit.CRASH)

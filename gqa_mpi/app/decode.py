@@ -30,13 +30,13 @@ from typing import Callable, Dict, Optional
 import numpy as np
 from mpi4py import MPI
 
+from ..core.config import Config, roles
 from ..core.kernels import isa
 from ..core.partition import token_range
 from ..core.trace import chrome_trace
 from ..mpi import watchdog
 from ..mpi.step import Rank
 from ..mpi.topology import Topology
-from ..core.config import Config
 from .outputs import write_json
 from .record import RankStats, RunRecord
 
@@ -105,8 +105,7 @@ def _rows(a, name: str):
     return a[None] if len(a.shape) == 2 else a
 
 
-CLI_ONLY = ("output", "json", "check", "check_every", "quiet", "max_memory", "steps",
-            "inputs", "allow_nonfinite", "seed", "placement", "kernel_source")
+CLI_ONLY = roles("cli")
 """Config fields that mean nothing to arrays the caller holds (the command line's)."""
 
 
@@ -296,12 +295,13 @@ class Decoder:
             self.rank.append(np.asarray(k), np.asarray(v))
         self.tokens += sum(counts)
 
-    def record(self):
+    def record(self, write_trace: bool = True):
         """``(RunRecord, trace)``: every rank's statistics, the same record on every
         rank; the Chrome trace document on rank 0 with ``trace`` set (and written
-        there, atomically)."""
+        there, atomically, unless ``write_trace`` is false: the command line writes
+        it with its other outputs)."""
         record, trace = gather_record(self.cfg, self.topo, self.rank, self.nonfinite)
-        if trace is not None:
+        if trace is not None and write_trace:
             write_json(self.cfg.trace, trace)
         return record, trace
 
@@ -342,9 +342,11 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
     rank.finish()
     traffic = rank.traffic
     start, stop = cfg.tokens(topo.rank)
+    source = rank.source.stats() if rank.source is not None else None
     mine = RankStats(rank=topo.rank, host=MPI.Get_processor_name(),
                      place=topo.place.describe(), start=start, stop=stop,
-                     kernel=rank.kernel.name, timings=rank.recorder.timings,
+                     kernel=rank.source.name if source else rank.kernel.name,
+                     source=source, timings=rank.recorder.timings,
                      messages=traffic.messages, bytes=traffic.bytes,
                      overflow=traffic.loss.overflow, m_rounding=traffic.loss.m_rounding,
                      peak_rss_mib=rank.peak_rss_mib, scores_nonfinite=rank.scores_nonfinite,
@@ -356,7 +358,10 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
     record = trace = None
     if topo.is_root:
         record = RunRecord(
-            config=cfg, ranks=stats, isa=isa(), kernel_note=rank.kernel_note,
+            config=cfg, ranks=stats, isa=isa() if source is None else "tl",
+            kernel_note=rank.kernel_note,
+            kernel_source=None if source is None else dict(file=rank.source.path,
+                                                           function=rank.source.name),
             output_nonfinite=output_nonfinite, mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip(),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         if events is not None:

@@ -18,12 +18,14 @@ from .. import __version__
 from ..core.trace import STEP_PHASES
 from ..core.config import Config
 
-FORMAT = "gqa_mpi.run/2"
+FORMAT = "gqa_mpi.run/3"
 """The record's format; bumped when a field changes meaning."""
 
-PHASES = ("inputs", "local_attention", "reduce", "finalize", "step", "total", "check")
-"""Timed phases of a run, in order; ``step`` is local attention + reduce + finalize,
-the decode step proper from resident slices to the output. With several decode steps,
+PHASES = ("inputs", "local_attention", "reduce", "finalize", "kernel", "step", "total",
+          "check")
+"""Timed phases of a run, in order; ``step`` is local attention + reduce + finalize
+(or ``kernel``, the kernel's own function, in a ``--kernel-source`` run), the decode
+step proper from resident slices to the output. With several decode steps,
 a rank's figure for a step phase is its median over the steps (the steady state).
 ``total`` runs from the inputs to the last step; ``check`` (every rank's share of the
 float64 check, all checked steps) follows it."""
@@ -66,6 +68,13 @@ class RankStats:
     root), one entry per decode step."""
     held: int = 0
     """Tokens it holds at the end, after the last step's append."""
+    source: Optional[Dict] = None
+    """What the kernel's own function did here (``--kernel-source``), summed over the
+    steps: ``k_rows``/``v_rows`` (distinct token rows of its slice it read, in the last
+    step), ``loaded_bytes``, ``stored_bytes``, ``dot_flops``, ``calls``,
+    ``scratch_peak`` and ``persistent`` (bytes), ``sent``/``received`` (direction ->
+    ``[messages, bytes]``), ``nonfinite`` (``[call, line, count]`` of the first calls
+    that made inf or NaN from finite operands)."""
 
     @property
     def tokens(self) -> int:
@@ -142,17 +151,20 @@ class RunRecord:
     """The instruction set of the fused kernel on the root's host ('none': not built)."""
     kernel_note: Optional[str] = None
     """Why ``--kernel auto`` fell back to the NumPy sweep, if it did."""
+    kernel_source: Optional[Dict[str, str]] = None
+    """The kernel's own function that ran (``file``, ``function``), or None."""
     output_nonfinite: int = 0
     """NaN or inf elements of O."""
     inputs_checked_finite: bool = True
     """The inputs were generated, or files checked for NaN and inf."""
     checks: List[Comparison] = field(default_factory=list)
-    """O against the float64 reference (the kernel's model when faithful) at each
-    checked step; empty with ``--no-check``."""
+    """O against the float64 reference (the kernel's model with ``--check-against
+    kernel-model``) at each checked step; empty with ``--no-check``."""
     checked_steps: List[int] = field(default_factory=list)
     """The steps ``checks`` are of."""
     vs_exact: Optional[Comparison] = None
-    """Faithful runs: how far the kernel's arithmetic lands from exact attention."""
+    """Checks against the kernel model: how far the kernel's arithmetic lands from
+    exact attention."""
     mpi_library: str = ""
     version: str = __version__
     created: str = ""
@@ -248,6 +260,7 @@ class RunRecord:
                     checked_steps=self.checked_steps,
                     vs_exact=None if self.vs_exact is None else self.vs_exact.to_json(),
                     isa=self.isa, kernel_note=self.kernel_note,
+                    kernel_source=self.kernel_source,
                     output_nonfinite=self.output_nonfinite,
                     inputs_checked_finite=self.inputs_checked_finite,
                     written=self.written, ranks=[r.to_json() for r in self.ranks])

@@ -1,34 +1,30 @@
 """The few lines rank 0 prints about a run, from its :class:`~gqa_mpi.app.record.RunRecord`.
 
-No MPI here, and nothing computed that the record does not hold.
+No MPI here, and nothing computed that the record does not hold. An emulated run and a
+``--kernel-source`` run share every line but those that say what ran locally.
 """
 from __future__ import annotations
 
+from typing import Dict, List
+
 from .check import CONTROL_FACTOR
-from .record import RunRecord
+from .record import Comparison, RunRecord
 from .sizing import fmt
 
 
 def format_report(record: RunRecord) -> str:
     c = record.config
     grid = c.layout
-    wire = c.wire_format
-    if c.kernel_faithful:
-        scale = "1 (kernel-faithful)"
-    else:
-        scale = "1/sqrt(d)" if c.softmax_scale is None else f"{c.scale:g}"
+    scale = "1/sqrt(d)" if c.softmax_scale is None else f"{c.scale:g}"
     source = f"generated (seed {c.seed})" if c.inputs is None else f"from {c.inputs}"
-    tokens = record.tokens
     lines = [
         f"problem   B={c.B} T_q={c.queries} S_kv={c.seq_len} h_q={c.heads_q} "
         f"h_kv={c.heads_kv} (G={c.group}) d={c.head_dim} scale={scale} "
         f"causal={'yes' if c.causal else 'no'}; inputs {source}",
         f"topology  C={c.cubes} cubes x P={c.pes} PEs = {c.n_ranks} ranks; PE grid "
         f"{c.grid[0]}x{c.grid[1]} ({grid.rows_used} row(s) x {grid.cols_used} col(s) used)",
-        f"reduce    {c.schedule.describe(grid)}",
-        f"split     {tokens['min']}..{tokens['max']} tokens per rank, tile {c.tile}; "
-        f"wire {wire.name} ({wire.help})",
     ]
+    lines += _source_lines(record) if record.kernel_source else _emulated_lines(record)
     if c.steps > 1:
         lat, held = record.latency(), record.held
         lines.append(f"steps     {c.steps} decode steps, {c.queries} new token(s) each to "
@@ -36,39 +32,7 @@ def format_report(record: RunRecord) -> str:
                      f"{lat['p50'] * 1e3:.1f} ms, p90 {lat['p90'] * 1e3:.1f} ms, p99 "
                      f"{lat['p99'] * 1e3:.1f} ms, max {lat['max'] * 1e3:.1f} ms; tokens per "
                      f"rank at the end {held['min']}..{held['max']}")
-    used = "+".join(record.kernels)
-    isa = f" ({record.isa})" if "fused" in record.kernels else ""
-    lines.append(f"kernel    {used}{isa}; K/V resident as {c.kv_dtype}"
-                 + (f"; NOTE {record.kernel_note}" if record.kernel_note else ""))
-    chk = record.check
-    if chk is None:
-        lines.append("check     skipped (--no-check)")
-    else:
-        against = "a float64 model of the kernel" if c.kernel_faithful else "float64 reference"
-        if not c.kernel_faithful and c.kv_dtype == "float16":
-            against += " on the float16 K/V the ranks hold"
-        if c.steps > 1:
-            against += (f", {len(record.checks)} of {c.steps} steps checked, the worst "
-                        f"shown")
-        rule = f"tolerance {chk.tolerance:.3g}"
-        if chk.control_rel_err is not None:
-            rule += (f" = {chk.floor:.3g} + {CONTROL_FACTOR:g} x float32 control's "
-                     f"{chk.control_rel_err:.3g}")
-        if not chk.finite:
-            lines.append(f"check     output or reference not finite ({chk.nonfinite} "
-                         f"element(s) of O are NaN or inf) vs {against}: FAILED")
-        else:
-            lines.append(f"check     max_abs_err={chk.max_abs_err:.3g} "
-                         f"max_rel_err={chk.max_rel_err:.3g} ({rule}) vs {against}: "
-                         f"{'PASSED' if chk.passed else 'FAILED'}")
-    exact = record.vs_exact
-    if exact is not None:
-        dropped = c.seq_len % c.n_ranks
-        lines.append(f"faithful  kernel arithmetic differs from exact attention by "
-                     f"max_abs_err={exact.max_abs_err:.3g} "
-                     f"max_rel_err={exact.max_rel_err:.3g} (no 1/sqrt(d) scale, "
-                     f"{dropped} tail token(s) dropped, K and Q reshaped not transposed, "
-                     f"float16)")
+    lines += _check_lines(record)
     if record.output_nonfinite:
         why = ""
         if record.scores_nonfinite_ranks:
@@ -78,20 +42,114 @@ def format_report(record: RunRecord) -> str:
                       if record.inputs_checked_finite else ""))
         lines.append(f"numerics  O holds {record.output_nonfinite} NaN or inf element(s)"
                      f"{why}; the output is invalid")
+    wire = c.wire_format
     if record.overflow:
         lines.append(f"WARNING   {wire.narrowest} wire overflowed (--wire "
                      f"{wire.name}): {record.overflow} element(s) of m/l/O became inf on "
                      f"the way to the root; the output is invalid")
-    elif wire.lossy:
+    elif wire.lossy and not record.kernel_source:
         lines.append(f"wire      {wire.name}: no overflow; m rounded by up to "
                      f"{record.m_rounding:.3g}")
     tm = record.timings()
     median = " (the median step's)" if c.steps > 1 else ""
     lines.append(f"time      max over ranks{median}: " + ", ".join(
         f"{name} {tm[name]['max'] * 1e3:.1f} ms" for name in tm))
-    lines.append(f"traffic   {record.messages} messages, {fmt(record.bytes)}; "
+    traffic = ("" if record.kernel_source else
+               f"{record.messages} messages, {fmt(record.bytes)}; ")
+    lines.append(f"{'memory' if record.kernel_source else 'traffic':<9} {traffic}"
                  f"peak memory per rank {record.peak_rss_mib['max']:.0f} MiB (max); "
                  f"{len(record.hosts)} host(s)")
     for key, path in record.written.items():
         lines.append(f"{key:<9} {path}")
     return "\n".join(lines)
+
+
+def _emulated_lines(record: RunRecord) -> List[str]:
+    c = record.config
+    wire, tokens = c.wire_format, record.tokens
+    used = "+".join(record.kernels)
+    isa = f" ({record.isa})" if "fused" in record.kernels else ""
+    return [f"reduce    {c.schedule.describe(c.layout)}",
+            f"split     {tokens['min']}..{tokens['max']} tokens per rank, tile {c.tile}; "
+            f"wire {wire.name} ({wire.help})",
+            f"kernel    {used}{isa}; K/V resident as {c.kv_dtype}"
+            + (f"; NOTE {record.kernel_note}" if record.kernel_note else "")]
+
+
+def _source_lines(record: RunRecord) -> List[str]:
+    """What a kernel author needs of a ``--kernel-source`` run: what it read, where
+    values first became non-finite, its scratch, bytes, flops and messages."""
+    c, ks = record.config, record.kernel_source
+    every = [r.source for r in record.ranks]
+    S = c.cache_len(c.steps - 1)
+    k_read = sum(s["k_rows"] for s in every)
+    v_read = sum(s["v_rows"] for s in every)
+    per_rank = [s["k_rows"] for s in every]
+    held = [r.held or r.tokens for r in record.ranks]
+    last = " in the last step" if c.steps > 1 else ""
+    lines = [
+        f"kernel    {ks['function']} from {ks['file']}, on every rank with gqa_mpi's tl "
+        f"(float16 memory)",
+        f"read      K {k_read} of S_kv={S} tokens ({S - k_read} never read), V {v_read} "
+        f"({S - v_read} never read){last}; per rank {min(per_rank)}..{max(per_rank)} of "
+        f"{min(held)}..{max(held)} held",
+    ]
+    first: Dict[tuple, List[int]] = {}
+    for r in record.ranks:
+        for call, line, _ in r.source["nonfinite"]:
+            ranks = first.setdefault((call, line), [])
+            if r.rank not in ranks:
+                ranks.append(r.rank)
+    if first:
+        shown = "; ".join(f"tl.{call} at line {line} on rank(s) "
+                          f"{','.join(map(str, rs[:8]))}{' ...' if len(rs) > 8 else ''}"
+                          for (call, line), rs in list(first.items())[:4])
+        lines.append(f"numerics  inf or NaN first made by {shown}")
+    lines.append(f"scratch   high-water {fmt(max(s['scratch_peak'] for s in every))} per "
+                 f"rank (max); persistent {fmt(max(s['persistent'] for s in every))}")
+    sent: Dict[str, List[int]] = {}
+    for s in every:
+        for d, (n, b) in s["sent"].items():
+            t = sent.setdefault(d, [0, 0])
+            t[0], t[1] = t[0] + n, t[1] + b
+    directions = ", ".join(f"{d} {n} ({fmt(b)})" for d, (n, b) in sent.items()) or "none"
+    lines.append(f"traffic   loaded {fmt(sum(s['loaded_bytes'] for s in every))}, tl.dot "
+                 f"{sum(s['dot_flops'] for s in every) / 1e9:.3g} GFLOP; messages "
+                 f"{directions}")
+    return lines
+
+
+def _check_lines(record: RunRecord) -> List[str]:
+    c, chk = record.config, record.check
+    if chk is None:
+        return ["check     skipped (--no-check)"]
+    if c.check_against == "kernel-model":
+        against = "a float64 model of the reference kernel's arithmetic"
+    elif record.kernel_source:
+        against = "float64 exact attention on the float16 values the kernel's memory holds"
+    else:
+        against = "float64 reference"
+        if c.kv_dtype == "float16":
+            against += " on the float16 K/V the ranks hold"
+    if c.steps > 1:
+        against += f", {len(record.checks)} of {c.steps} steps checked, the worst shown"
+    lines = [_comparison("check", chk, against)]
+    if record.vs_exact is not None:
+        x = record.vs_exact
+        lines.append(f"exact     the kernel's arithmetic differs from exact attention "
+                     f"(scale {c.scale:g}) by max_abs_err={x.max_abs_err:.3g} "
+                     f"max_rel_err={x.max_rel_err:.3g}: "
+                     f"{'within' if x.passed else 'beyond'} the tolerance {x.tolerance:.3g}")
+    return lines
+
+
+def _comparison(head: str, chk: Comparison, against: str) -> str:
+    rule = f"tolerance {chk.tolerance:.3g}"
+    if chk.control_rel_err is not None:
+        rule += (f" = {chk.floor:.3g} + {CONTROL_FACTOR:g} x float32 control's "
+                 f"{chk.control_rel_err:.3g}")
+    if not chk.finite:
+        return (f"{head:<9} output or reference not finite ({chk.nonfinite} element(s) of "
+                f"O are NaN or inf) vs {against}: FAILED")
+    return (f"{head:<9} max_abs_err={chk.max_abs_err:.3g} max_rel_err={chk.max_rel_err:.3g} "
+            f"({rule}) vs {against}: {'PASSED' if chk.passed else 'FAILED'}")

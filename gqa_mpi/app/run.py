@@ -1,10 +1,10 @@
-"""One run as the user sees it: the inputs, the decode steps on a
-:class:`~gqa_mpi.app.decode.Decoder`, the root's checks of the kept steps after the loop,
-then the root's outputs and report; returns the exit code."""
+"""One run as the user sees it, in the kernel's order: the inputs, the decode steps on
+a :class:`~gqa_mpi.app.decode.Decoder` (each the emulated step or the kernel's own
+function), the check of the kept steps after the loop, then the record, the root's
+outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses
-import resource
 import time
 
 from mpi4py import MPI
@@ -14,12 +14,11 @@ import numpy as np
 from ..core import inputs
 from ..core.config import Config
 from ..core.progress import Progress
-from ..core.streamed import plan_size
+from ..exits import Exit
 from ..mpi import watchdog
 from . import outputs, report
-from .check import check_output
+from .check import check_steps
 from .decode import Decoder
-from .references import references
 
 
 def wait_for_root(comm: MPI.Comm) -> None:
@@ -67,9 +66,8 @@ def new_tokens(cfg: Config, rank: int):
             for step, ts in plan.items()}
 
 
-def run(comm: MPI.Comm, cfg: Config) -> int:
-    """Run the decode steps; return the exit code (0 passed, 1 check failed, 2 an
-    output could not be written)."""
+def run(comm: MPI.Comm, cfg: Config) -> Exit:
+    """Run the decode steps; return the exit code (:class:`~gqa_mpi.exits.Exit`)."""
     progress = Progress(enabled=comm.rank == 0 and not cfg.quiet)
     start, stop = cfg.tokens(comm.rank)
     q, k, v = inputs.load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
@@ -97,16 +95,22 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
             if step < cfg.steps - 1:
                 dec.append(*future.pop(step, (empty, empty)))
             progress.update(step + 1, cfg.steps)
-        record, trace = dec.record()
+        record, trace = dec.record(write_trace=False)
     finally:
         dec.close()
     # checked after the loop, so that no timed step follows a check (whose float64
     # pass would leave it cold caches and late neighbours); every rank takes part
-    checks = check_steps(comm, cfg, kept, record, progress)
+    checks, share = check_steps(comm, cfg, kept, record.m_rounding, progress)
     progress.end()
-    code = 0
+    with watchdog.waiting("every rank (the end of the check)"):
+        every = comm.gather(share if kept else None, root=0)
+    code = Exit.PASSED
     if comm.rank == 0:
         watchdog.phase("outputs")
+        for r, mine in zip(record.ranks, every):
+            if mine is not None:
+                r.timings["check"] = mine[0]
+                r.peak_rss_mib = max(r.peak_rss_mib, mine[1])
         record = dataclasses.replace(
             record, inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite,
             written={key: getattr(cfg, key) for key in ("output", "trace", "json")
@@ -120,40 +124,9 @@ def run(comm: MPI.Comm, cfg: Config) -> int:
                 print("note      one MPI rank, so C = P = 1; for 2 cubes x 8 PEs run "
                       "`mpirun -n 16 python -m gqa_mpi`")
             print(report.format_report(record), flush=True)
-        code = 2 if write_error else 0 if record.passed else 1
+        code = (Exit.USAGE if write_error else Exit.PASSED if record.passed
+                else Exit.FAILED)
     watchdog.phase("end of run")
     with watchdog.waiting("rank 0 (outputs)"):
         wait_for_root(comm)
-        return comm.bcast(code, root=0)
-
-
-def check_steps(comm: MPI.Comm, cfg: Config, kept, record, progress: Progress):
-    """Check the kept steps on every rank together; on rank 0 the ``(check, vs_exact)``
-    of each, and the check's seconds and every rank's peak memory (the check's
-    included) added to ``record``; ``[]`` elsewhere."""
-    if not kept:
-        return []
-    t0 = time.perf_counter()
-    rounding = record.m_rounding     # the largest rounding of m on the path, any rank
-    rounded = cfg.kv_dtype == "float16" and not cfg.kernel_faithful
-    checks = []
-    # one stage for every checked step, counted in rank 0's chunks
-    counts = [-(-plan_size(cfg, cfg.cache_len(step)) // comm.size) for step, _, _ in kept]
-    total = sum(counts)
-    progress.stage("check", "chunks on rank 0" + (f", {len(kept)} steps" if len(kept) > 1
-                                                  else ""))
-    for (step, out, q_step), before in zip(kept, np.cumsum([0] + counts[:-1])):
-        watchdog.phase(f"check of step {step}")
-        refs = references(comm, cfg, q_step, cfg.cache_len(step), n_tokens=cfg.final_len,
-                          rounded=rounded,
-                          progress=lambda i, _, b=int(before): progress.update(b + i, total))
-        if refs is not None:
-            checks.append(check_output(cfg, out, rounding, refs))
-    mine = (time.perf_counter() - t0, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-    with watchdog.waiting("every rank (the end of the check)"):
-        every = comm.gather(mine, root=0)
-    if comm.rank == 0:
-        for r, (seconds, peak) in zip(record.ranks, every):
-            r.timings["check"] = seconds
-            r.peak_rss_mib = max(r.peak_rss_mib, peak)
-    return checks
+        return Exit(comm.bcast(code, root=0))

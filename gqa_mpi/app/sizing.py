@@ -12,7 +12,7 @@ from typing import Optional
 
 from ..core.inputs import GEN_BLOCK
 from ..core.kernels import CHUNK
-from ..core.streamed import SUB_BYTES, chunk_tokens
+from ..core.streamed import SUB_BYTES, chunk_tokens, modelled
 
 BASELINE = 96 << 20
 """Python, NumPy and MPI of one rank before any tensor (measured: 60-100 MiB)."""
@@ -67,7 +67,7 @@ def check_bytes(cfg, root: bool) -> int:
     scores = 3 * B * T_q * h_q * sub * 8
     partial = B * T_q * h_q * (d + 2) * 8
     total = rows + block + float64 + scores + 6 * partial
-    if cfg.kernel_faithful:      # the kernel's reading of a chunk: float16, and its scores
+    if modelled(cfg):      # the kernel's reading of a chunk: float16, and its scores
         total += 2 * B * n * width * 2 + 2 * (n * width // d + cfg.tile) * T_q * cfg.group * 8
     if root:
         total += 2 * partial + 3 * B * T_q * h_q * d * 8    # received; references

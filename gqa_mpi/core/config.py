@@ -4,11 +4,14 @@ No MPI here.
 
 Each field carries its group (``problem``, ``layout``, ``algorithm``, ``outputs``), how
 its text is read and written (``parse``/``format``, :func:`opt`); its docstring is its
-help. Choices come
-from the type (``Literal``) or from a registry (schedules, wires), read when the
-parser is built. Dependent defaults live here: ``wire=None`` means the schedule's own
-wire, or the kernel's float16 wire with ``kernel_faithful``; ``cubes``/``pes`` left out
-are filled from the number of ranks by :meth:`Config.placed`.
+help. Each field also says where it belongs (:func:`roles`): whether the library takes
+it or only the command line, whether a scaling study sweeps it, whether it can change a
+run's result (a study's key and CSV columns), and whether ``--help`` shows it first or
+among the advanced options. Choices come from the type (``Literal``) or from a registry
+(schedules, wires), read when the parser is built. Dependent defaults live here:
+``wire=None`` means the schedule's own wire; ``kv_dtype=None`` float32, or float16 for a
+``--kernel-source`` run (the kernel's memory); ``cubes``/``pes`` left out are filled
+from the number of ranks by :meth:`Config.placed`.
 
 Every rank builds the same :class:`Config` from the same arguments, so an invalid
 value raises the same :class:`ValueError` on every rank before any communication,
@@ -16,29 +19,37 @@ and all ranks leave together.
 """
 from __future__ import annotations
 
-import functools
 import math
 import re
 from dataclasses import dataclass, field, fields, replace
-from typing import Dict, List, Literal, Optional, Tuple
+from typing import Dict, List, Literal, Optional, Tuple, get_args, get_type_hints
 
 from .grid import Grid
-from .kernels import KERNELS, select
 from .partition import Placement, rank_tokens
 from .schedules import SCHEDULES, Schedule
 from .wires import WIRES, Wire
 
 def opt(default, group: str, *, metavar: Optional[str] = None, parse=None, format=str,
-        choices=None, shown: Optional[str] = None):
-    """A config field: its default, its help group, and how its text is read and written.
+        choices=None, shown: Optional[str] = None, common: bool = False,
+        library: bool = True, study: Optional[bool] = None, result: Optional[bool] = None):
+    """A config field: its default, its group, how its text is read and written, and
+    where it belongs.
 
     ``parse`` turns the option's text into the value (raising ValueError);
     ``format`` is its inverse, for JSON and command lines; ``choices`` is the registry
     of the accepted names (read when the parser is built, each entry's help joining the
     option's); ``shown`` is the default as the help prints it, for dependent defaults.
+    ``common``: ``--help`` lists it among the options most runs use (the rest are
+    advanced); ``library``: :class:`gqa_mpi.Decoder` takes it (not only the command
+    line); ``study``: a scaling study passes it to its launches (default: the problem
+    and algorithm groups); ``result``: it can change a run's result, so it is part of a
+    study point's key (default: all but the outputs group).
     """
-    return field(default=default, metadata=dict(group=group, metavar=metavar, parse=parse,
-                                                 format=format, choices=choices, shown=shown))
+    return field(default=default, metadata=dict(
+        group=group, metavar=metavar, parse=parse, format=format, choices=choices,
+        shown=shown, common=common, library=library,
+        study=group in ("problem", "algorithm") if study is None else study,
+        result=group != "outputs" if result is None else result))
 
 
 def parse_grid(text: str) -> Tuple[int, int]:
@@ -79,18 +90,24 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+DEFAULT_TILE = 1024
+"""TILE_S_KV of the local sweep, as in the kernel."""
+
+
 @dataclass(frozen=True)
 class Config:
     """Everything one decode step needs; invalid values raise ``ValueError``."""
 
     # ---- layout
-    cubes: Optional[int] = opt(None, "layout", metavar="C", shown="from the world size")
+    cubes: Optional[int] = opt(None, "layout", metavar="C", shown="from the world size",
+                               common=True)
     """cubes in the inter-cube chain"""
     pes: Optional[int] = opt(None, "layout", metavar="P", shown=(
-        "the largest divisor of the world size that fits the grid; 16 ranks -> 8"))
+        "the largest divisor of the world size that fits the grid; 16 ranks -> 8"),
+        common=True)
     """PEs per cube, 1..rows*cols of the grid; rank = cube * P + pe"""
     grid: Tuple[int, int] = opt((2, 4), "layout", metavar="RxC", parse=parse_grid,
-                                    format=format_grid, shown="2x4")
+                                format=format_grid, shown="2x4", study=True)
     """PE grid of one cube, rows x columns; PE pe sits at divmod(pe, cols) and a
     cube's last row may be short"""
     split: Optional[Tuple[int, ...]] = opt(None, "layout", metavar="N0,N1,...",
@@ -99,23 +116,24 @@ class Config:
                                            "S_kv % n ranks take one more")
     """tokens held by each rank, in rank order, adding up to S_kv"""
     placement: Placement = opt(Placement(None), "layout", metavar="POLICY",
-                               parse=Placement.parse, shown="contiguous")
+                               parse=Placement.parse, shown="contiguous", library=False,
+                               study=True)
     """with --steps: which rank takes each new token i of the cache: contiguous (the
     last rank, as Tree Attention), round-robin (rank i mod n, as vLLM's interleave) or
     blocks:B (rank (i // B) mod n, as Helix)"""
 
     # ---- problem
-    seq_len: int = opt(32768, "problem", metavar="S_KV")
+    seq_len: int = opt(32768, "problem", metavar="S_KV", common=True)
     """S_kv, KV tokens, split over all ranks"""
-    heads_q: int = opt(32, "problem", metavar="H_Q")
+    heads_q: int = opt(32, "problem", metavar="H_Q", common=True)
     """h_q, query heads"""
-    heads_kv: int = opt(8, "problem", metavar="H_KV")
+    heads_kv: int = opt(8, "problem", metavar="H_KV", common=True)
     """h_kv, KV heads; must divide h_q (G = h_q / h_kv)"""
-    head_dim: int = opt(128, "problem", metavar="D")
+    head_dim: int = opt(128, "problem", metavar="D", common=True)
     """d, the dimension of one head"""
-    queries: int = opt(1, "problem", metavar="T_Q")
+    queries: int = opt(1, "problem", metavar="T_Q", common=True)
     """T_q, query tokens of each decode step"""
-    steps: int = opt(1, "problem", metavar="N")
+    steps: int = opt(1, "problem", metavar="N", common=True, library=False)
     """decode steps; after each, T_q new tokens of K and V (generated from the seed,
     independent of the rank count) are appended to the cache by --placement"""
     batch: Optional[int] = opt(None, "problem", metavar="B", shown="one sequence, no "
@@ -125,66 +143,72 @@ class Config:
     """score multiplier"""
     causal: bool = opt(False, "problem")
     """query t sees keys 0 .. S_kv - T_q + t"""
-    seed: int = opt(0, "problem")
+    seed: int = opt(0, "problem", library=False)
     """seed of the generated inputs (the same seed gives the same tensors at any rank
     count)"""
-    inputs: Optional[str] = opt(None, "problem", metavar="DIR", shown="generate")
+    inputs: Optional[str] = opt(None, "problem", metavar="DIR", shown="generate",
+                                common=True, library=False, study=False)
     """read q.npy, k.npy, v.npy from DIR instead of generating"""
-    allow_nonfinite: bool = opt(False, "problem")
+    allow_nonfinite: bool = opt(False, "problem", library=False, study=False)
     """accept NaN or inf in --inputs files (refused by default, with the first
     location)"""
 
     # ---- algorithm
-    tile: int = opt(1024, "algorithm", metavar="TOKENS")
+    tile: int = opt(DEFAULT_TILE, "algorithm", metavar="TOKENS")
     """TILE_S_KV, tokens per tile of the local sweep"""
     kernel: Literal["auto", "fused", "numpy"] = opt("auto", "algorithm")
     """local kernel: fused = the C kernel built at install (one pass per tile,
     AVX-512/AVX2/portable C picked from the CPU); numpy = the reference tile sweep on
     BLAS; auto = fused if it loads, else numpy with a note"""
-    kv_dtype: Literal["float32", "float16"] = opt("float32", "algorithm", shown=(
-        "float16 if k.npy is float16, else float32"))
+    kv_dtype: Optional[Literal["float32", "float16"]] = opt(None, "algorithm", shown=(
+        "float16 if k.npy is float16 or with --kernel-source, else float32"))
     """how each rank holds its K and V slice: float16 halves the bytes streamed and
     the memory held, as on the accelerator; arithmetic stays float32"""
     reduce: str = opt("chain", "algorithm", choices=SCHEDULES)
     """how partials reach rank 0"""
     wire: Optional[str] = opt(None, "algorithm", choices=WIRES, shown=(
-        "the schedule's own: packed for mpi, else fp32; kernel with --kernel-faithful"))
+        "the schedule's own: packed for mpi, else fp32"))
     """what one hop of the reduction carries"""
-    kernel_faithful: bool = opt(False, "algorithm")
-    """reproduce the kernel's arithmetic instead of exact attention: no softmax scale,
-    tail tokens dropped, K and Q read by its reshapes, float16 operands and wire (SPEC
-    defects 2-5); the report says how far that lands from exact attention"""
-
     kernel_source: Optional[str] = opt(None, "algorithm", metavar="FILE[:FUNCTION]",
-                                       shown="none: the emulation's own kernel")
-    """run the kernel's own source instead: every rank loads FILE (any extension) and
-    calls FUNCTION (default: the one whose name ends in _kernel) with SPEC's signature
-    and a tl backed by NumPy and MPI; faults, deadlocks and scratch are reported in the
-    kernel's terms (exit 5 on a fault). gqa_mpi ships a corrected kernel:
-    --kernel-source builtin:corrected"""
+                                       shown="none: the emulation's own kernel",
+                                       common=True)
+    """run the kernel's own source as each step's local step instead: every rank loads
+    FILE (any extension) and calls FUNCTION (default: the one whose name ends in
+    _kernel) with SPEC's signature and a tl backed by NumPy and MPI; faults, deadlocks
+    and scratch are reported in the kernel's terms (exit 5 on a fault). gqa_mpi ships
+    a corrected kernel: --kernel-source builtin:corrected"""
 
     # ---- outputs
-    output: Optional[str] = opt(None, "outputs", metavar="FILE.npy", shown="none")
+    output: Optional[str] = opt(None, "outputs", metavar="FILE.npy", shown="none",
+                                common=True, library=False)
     """rank 0 writes O here (layout of Q, float32), atomically"""
-    json: Optional[str] = opt(None, "outputs", metavar="FILE", shown="none")
+    json: Optional[str] = opt(None, "outputs", metavar="FILE", shown="none", common=True,
+                              library=False)
     """rank 0 writes the run record here: config, check, per-rank timings, traffic,
     memory, hosts, MPI library"""
-    trace: Optional[str] = opt(None, "outputs", metavar="FILE.json", shown="none")
+    trace: Optional[str] = opt(None, "outputs", metavar="FILE.json", shown="none",
+                               common=True)
     """rank 0 writes a Chrome trace-event timeline (open it in https://ui.perfetto.dev):
     phases, chain steps, every message and an arrow from each send to its receive, on
     one time axis for all ranks; with --steps, the first 20 steps"""
     trace_tiles: bool = opt(False, "outputs")
     """with --trace: one event per tile of the local sweep too"""
-    check: bool = opt(True, "outputs")
+    check: bool = opt(True, "outputs", library=False, result=True)
     """check O against a float64 reference that every rank computes a share of, a chunk
     of K and V at a time (its memory does not grow with S_kv), folded on rank 0"""
-    check_every: int = opt(1, "outputs", metavar="K")
+    check_every: int = opt(1, "outputs", metavar="K", library=False, result=True)
     """with --steps: check every K-th step against the cache as it stands (the last
     step is always checked)"""
-    quiet: bool = opt(False, "outputs")
+    check_against: Literal["exact", "kernel-model"] = opt(
+        "exact", "outputs", library=False, result=True)
+    """what a --kernel-source run's O is checked against: exact = float64 attention as
+    specified (with the run's --softmax-scale); kernel-model = a float64 model of the
+    reference kernel's own arithmetic (no scale, its split and reshapes, SPEC defects
+    2-5), within float16 rounding, with how far it lands from exact attention beside it"""
+    quiet: bool = opt(False, "outputs", library=False)
     """print nothing but errors"""
     max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=parse_size,
-                                    shown="the host's available memory")
+                                    shown="the host's available memory", library=False)
     """memory the ranks of one host may use together, e.g. 64G; a run estimated to need
     more is refused before it allocates anything"""
     timeout: Optional[float] = opt(None, "outputs", metavar="SECONDS", shown="no limit")
@@ -194,6 +218,10 @@ class Config:
     def __post_init__(self):
         # a library caller may give the placement as its text: it is parsed once, here
         object.__setattr__(self, "placement", Placement.parse(self.placement))
+        if self.kv_dtype is None:      # the kernel's memory is float16
+            object.__setattr__(self, "kv_dtype", "float16" if self.kernel_source is not None
+                               else "float32")
+
         def positive(name, value, optional=False):
             if optional and value is None:
                 return
@@ -227,15 +255,21 @@ class Config:
         if self.trace_tiles and self.trace is None:
             raise ValueError("--trace-tiles adds tile events to the --trace timeline; "
                              "give --trace FILE.json too")
-        for name, choices in (("kernel", KERNELS), ("kv_dtype", ("float32", "float16"))):
+        for name in ("kernel", "kv_dtype", "check_against"):
+            choices = get_args(get_args(_HINTS[name])[0]) if name == "kv_dtype" else \
+                get_args(_HINTS[name])
             if getattr(self, name) not in choices:
                 raise ValueError(f"--{name.replace('_', '-')} must be one of "
                                  f"{', '.join(choices)}, got {getattr(self, name)!r}")
         if self.wire is not None:
             WIRES.get(self.wire)
-        self.schedule.check_wire(self.wire_format, self.wire, because=(
-            "--kernel-faithful" if self.kernel_faithful else
-            "--kernel-source" if self.kernel_source is not None else None))
+        if self.kernel_source is not None:
+            self._check_source()
+        else:
+            self.schedule.check_wire(self.wire_format, self.wire)
+            if self.check_against != "exact":
+                raise ValueError(f"--check-against {self.check_against} checks the output of "
+                                 f"a --kernel-source run; give --kernel-source FILE too")
         if self.split is not None and (min(self.split, default=0) < 0
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
@@ -251,56 +285,37 @@ class Config:
             if self.split is not None and len(self.split) != self.n_ranks:
                 raise ValueError(f"--split gives {len(self.split)} token counts for "
                                  f"{self.n_ranks} ranks")
-        if self.kernel_faithful:
-            self._check_faithful()
-        if self.kernel_source is not None:
-            self._check_source()
 
     def _check_source(self):
-        """What a kernel of SPEC's signature cannot be asked for."""
-        flag = "--kernel-source"
-        for given, what in ((self.kernel_faithful, "--kernel-faithful (the source is the "
-                             "kernel itself)"), (self.steps > 1, "--steps (one call is one "
-                             "decode step)"), (self.batched, "--batch (the signature has no "
-                             "batch axis)"), (self.causal, "--causal (the signature has no "
-                             "mask)")):
-            if given:
-                raise ValueError(f"{flag} runs the kernel as written; drop {what}")
+        """Refuse, naming it, every option a kernel's own file cannot honour."""
         if not isinstance(self.kernel_source, str) or not self.kernel_source:
-            raise ValueError(f"{flag} must be FILE or FILE:FUNCTION, got "
+            raise ValueError(f"--kernel-source must be FILE or FILE:FUNCTION, got "
                              f"{self.kernel_source!r}")
-
-    def _check_faithful(self):
-        """Refuse what the kernel itself cannot run, rather than hang or misbehave."""
-        rows, cols = self.grid
-        flag = "--kernel-faithful"
-        if cols != 4:
-            raise ValueError(f"{flag}: the kernel's PE grid has 4 columns, not {cols} "
-                             f"(--grid {rows}x{cols})")
-        if self.batched:
-            raise ValueError(f"{flag}: the kernel has no batch axis (batch {self.batch})")
-        if self.split is not None:
-            raise ValueError(f"{flag}: the kernel splits tokens itself; drop --split")
-        if self.causal:
-            raise ValueError(f"{flag}: the kernel has no causal mask; drop --causal")
-        if self.softmax_scale is not None:
-            raise ValueError(f"{flag}: the kernel applies no softmax scale "
-                             f"(it uses plain tl.dot); drop --softmax-scale")
-        if self.steps > 1:
-            raise ValueError(f"{flag}: the kernel runs one decode step; drop --steps")
-        if not self.is_placed:
-            return
-        if self.pes > cols and self.pes % cols:
-            raise ValueError(
-                f"{flag}: P={self.pes} leaves the last PE row short ({self.pes % cols} of "
-                f"{cols}); the kernel gives every row the same length, so PE "
-                f"{self.pes - 1} would wait forever for an intra_E neighbour that does "
-                f"not exist (SPEC defect 1). Use P = 1..4 or 8, or drop {flag}")
-        if self.seq_len < self.n_ranks:
-            raise ValueError(
-                f"{flag}: S_kv={self.seq_len} < C*P={self.n_ranks} leaves every rank an "
-                f"empty slice, and the kernel computes tile 0 unconditionally "
-                f"(SPEC defect 6); drop {flag} or use fewer ranks")
+        for given, option, why in (
+                (self.reduce != "chain", f"--reduce {self.reduce}",
+                 "the kernel's file does its own reduction"),
+                (self.wire is not None, f"--wire {self.wire}",
+                 "its messages carry what its tl.send sends"),
+                (self.tile != DEFAULT_TILE, f"--tile {self.tile}",
+                 "its file sets its own TILE_S_KV"),
+                (self.kernel != "auto", f"--kernel {self.kernel}",
+                 "the kernel's file is the local kernel"),
+                (self.kv_dtype != "float16", f"--kv-dtype {self.kv_dtype}",
+                 "the kernel's memory holds K and V in float16"),
+                (self.trace_tiles, "--trace-tiles", "its trace has a span per tl call"),
+                (self.batched, "--batch", "the kernel's signature has no batch axis"),
+                (self.causal, "--causal", "the kernel's signature has no mask")):
+            if given:
+                raise ValueError(f"--kernel-source runs the kernel's own file and cannot "
+                                 f"honour {option} ({why}); drop {option.split()[0]}")
+        if self.check_against == "kernel-model":
+            for given, option, why in (
+                    (self.steps > 1, "--steps", "the model is of one decode step"),
+                    (self.split is not None, "--split", "the model reads SPEC's balanced "
+                     "split")):
+                if given:
+                    raise ValueError(f"--check-against kernel-model cannot follow {option} "
+                                     f"({why}); drop {option} or check against exact")
 
     # ---- placing on a number of ranks
     @property
@@ -345,8 +360,6 @@ class Config:
 
     @property
     def scale(self) -> float:
-        if self.kernel_faithful:
-            return 1.0
         if self.softmax_scale is not None:
             return self.softmax_scale
         return 1.0 / math.sqrt(self.head_dim)
@@ -360,12 +373,12 @@ class Config:
         """The wire a hop carries: the one asked for, or the dependent default."""
         if self.wire is not None:
             return WIRES.get(self.wire)
-        narrow = self.kernel_faithful or self.kernel_source is not None   # float16 hops
+        narrow = self.kernel_source is not None        # the kernel's hops are float16
         return WIRES.get("kernel" if narrow else self.schedule.default_wire)
 
     def tokens(self, rank: int) -> Tuple[int, int]:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""
-        return rank_tokens(self.seq_len, self.n_ranks, rank, self.split, self.kernel_faithful)
+        return rank_tokens(self.seq_len, self.n_ranks, rank, self.split)
 
     def owner(self, token: int) -> int:
         """The rank that takes new token ``token`` (a global index) of the cache."""
@@ -415,9 +428,10 @@ class Config:
     def to_argv(self) -> List[str]:
         """The command-line options that give this config (those off their default)."""
         argv = []
+        dependent = dict(kv_dtype=replace(self, kv_dtype=None).kv_dtype)
         for f in fields(self):
             value = getattr(self, f.name)
-            if value == f.default:
+            if value == f.default or value == dependent.get(f.name, f.default):
                 continue
             flag = "--" + f.name.replace("_", "-")
             if isinstance(value, bool):
@@ -425,12 +439,6 @@ class Config:
             else:
                 argv += [flag, f.metadata["format"](value)]
         return argv
-
-    @functools.cached_property
-    def local_kernel(self):
-        """``(kernel, note)`` of ``--kernel``, selected once
-        (:func:`gqa_mpi.core.kernels.select`; ValueError where fused cannot load)."""
-        return select(self.kernel)
 
 
 def _text(f, value):
@@ -460,3 +468,16 @@ def default_topology(world: int, cubes: Optional[int], pes: Optional[int],
             raise ValueError(f"--cubes {cubes} does not divide the {world} running ranks")
         pes = world // cubes
     return cubes, pes
+
+
+_HINTS = get_type_hints(Config)
+
+
+def roles(role: str) -> Tuple[str, ...]:
+    """The names of the fields that have ``role`` (see :func:`opt`): ``library`` (the
+    library API takes them), ``cli`` (the command line's only), ``study`` (a study
+    passes them on), ``result`` (they can change a run's result), ``common`` (shown
+    first by ``--help``)."""
+    if role == "cli":
+        return tuple(f.name for f in fields(Config) if not f.metadata["library"])
+    return tuple(f.name for f in fields(Config) if f.metadata[role])

@@ -1,6 +1,7 @@
 """The accelerator kernel's own split, reads and arithmetic, and their float64 model.
 
-Used on request (``--kernel-faithful``). No MPI here.
+A check reference (``--check-against kernel-model`` of a ``--kernel-source`` run). No
+MPI here.
 
 The accelerator kernel reads its operands with byte-conserving reshapes, not
 transposes (SPEC defects 2-5):
@@ -23,7 +24,6 @@ from typing import List, Tuple
 
 import numpy as np
 
-from .reference import reference_finish, reference_merge
 
 
 def kernel_token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
@@ -31,44 +31,12 @@ def kernel_token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
     the slice its memory holds (SPEC's balanced split, the first ``S_kv % n_ranks`` ranks
     holding one more), so one token of each of those ranks is dropped (defect 2).
 
-    Mended against the kernel itself run through ``--kernel-source``: the kernel never
-    sees global token indices, only its own slice, so what it drops is the last token
-    of each longer slice, not the tail of the cache.
+    The kernel never sees global token indices, only its own slice, so what it drops
+    is the last token of each longer slice, not the tail of the cache.
     """
     base, extra = divmod(S_kv, n_ranks)
     start = rank * base + min(rank, extra)
     return start, start + base
-
-
-def kernel_operands(q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, *,
-                    group: int, d: int, tile: int):
-    """Q, K, V of one rank as the kernel reads them, in :mod:`~gqa_mpi.core.attention` layout.
-
-    Parameters
-    ----------
-    q : (1, T_q, h_q*d)
-    k_rows, v_rows : (1, S_local, h_kv*d), the rank's slice
-    group : int, G = h_q / h_kv
-    d, tile : int
-
-    Returns
-    -------
-    q : (1, 1, G*T_q, d) float32 holding float16 values
-    k, v : (1, 1, S_local, d) float32 holding float16 values; row ``s`` of ``k`` is
-        column ``s - t*TILE`` of tile ``t``'s ``(d, tile_s)`` reading.
-    """
-    T_q = q.shape[1]
-    k_rows, v_rows = np.asarray(k_rows), np.asarray(v_rows)
-    S_local = k_rows.shape[1]
-    as16 = lambda a: np.asarray(a, dtype=np.float16).astype(np.float32)  # noqa: E731
-    qk = as16(np.ravel(q)[:group * T_q * d]).reshape(1, 1, group * T_q, d)
-    kflat = as16(np.ravel(k_rows)[:S_local * d])
-    vflat = as16(np.ravel(v_rows)[:S_local * d])
-    k = np.empty((1, 1, S_local, d), dtype=np.float32)
-    for s0 in range(0, S_local, tile):
-        s1 = min(s0 + tile, S_local)
-        k[0, 0, s0:s1] = kflat[s0 * d:s1 * d].reshape(d, s1 - s0).T
-    return qk, k, vflat.reshape(1, 1, S_local, d)
 
 
 def kernel_output(o: np.ndarray, q_shape: tuple, dtype=np.float32) -> np.ndarray:
@@ -76,34 +44,6 @@ def kernel_output(o: np.ndarray, q_shape: tuple, dtype=np.float32) -> np.ndarray
     out = np.zeros(int(np.prod(q_shape)), dtype=dtype)
     out[:o.size] = o.ravel()
     return out.reshape(q_shape)
-
-
-def kernel_reference(q, k, v, *, h_kv: int, n_ranks: int, tile: int) -> np.ndarray:
-    """float64 model of what the kernel computes (``--kernel-faithful``), no MPI.
-
-    Inputs rounded to float16; ``S_local = S_kv // n_ranks`` tokens per rank (tail
-    dropped); Q read as the first ``G*T_q*d`` values as ``(G*T_q, d)``; tile ``t`` of
-    each rank's ``(S_local, h_kv*d)`` slice read from element ``t*tile*d`` as
-    ``(d, tile_s)`` for K and ``(tile_s, d)`` for V; no scale; one softmax over all
-    the scores (merged a rank's slice at a time, as the streamed check does). The
-    ``(G*T_q, d)`` result lands at the start of a zeroed O like Q.
-
-    Parameters
-    ----------
-    q : (T_q, h_q*d) or (1, T_q, h_q*d)
-    k, v : (S_kv, h_kv*d) or (1, S_kv, h_kv*d)
-    """
-    k, v = (np.asarray(x).reshape(-1, np.shape(x)[-1]) for x in (k, v))
-    S_kv, width = k.shape
-    acc = None
-    for unit in kernel_units(S_kv, n_ranks, tile, tiles=S_kv):    # a rank's slice each
-        a, b = kernel_rows(S_kv, n_ranks, unit, width, width // h_kv)
-        part = kernel_partial(q, k[a:b], v[a:b], S_kv=S_kv, n_ranks=n_ranks, unit=unit,
-                              h_kv=h_kv, tile=tile)
-        acc = part if acc is None else reference_merge(acc, part)
-    if acc is None:
-        raise ValueError(f"S_kv={S_kv} < {n_ranks} ranks: the kernel reads no token")
-    return kernel_output(reference_finish(acc), np.shape(q), dtype=np.float64)
 
 
 # ---- the same model a group of tiles at a time, for a check that streams the cache

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional, Sequence, Tuple
 
-from .kernel_model import kernel_token_range
 
 
 def token_range(S_kv: int, n_ranks: int, rank: int) -> Tuple[int, int]:
@@ -23,15 +22,12 @@ def split_range(split: Sequence[int], rank: int) -> Tuple[int, int]:
     return start, start + split[rank]
 
 
-def rank_tokens(S_kv: int, n_ranks: int, rank: int, split: Optional[Sequence[int]] = None,
-                faithful: bool = False) -> Tuple[int, int]:
-    """``[start, stop)`` of ``rank``'s tokens: the given ``split``, else the kernel's
-    own split when ``faithful`` (:func:`gqa_mpi.core.kernel_model.kernel_token_range`),
-    else :func:`token_range`."""
+def rank_tokens(S_kv: int, n_ranks: int, rank: int,
+                split: Optional[Sequence[int]] = None) -> Tuple[int, int]:
+    """``[start, stop)`` of ``rank``'s tokens: the given ``split``, else
+    :func:`token_range`."""
     if split is not None:
         return split_range(split, rank)
-    if faithful:
-        return kernel_token_range(S_kv, n_ranks, rank)
     return token_range(S_kv, n_ranks, rank)
 
 

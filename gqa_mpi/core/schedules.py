@@ -96,17 +96,12 @@ class Schedule:
         hops = "MPI picks the pattern" if depth is None else f"{depth} hops on the critical path"
         return f"{self.name} ({self.help}), {hops}"
 
-    def check_wire(self, wire: Wire, asked: Optional[str] = None,
-                   because: Optional[str] = None) -> None:
+    def check_wire(self, wire: Wire, asked: Optional[str] = None) -> None:
         """Raise ValueError if it cannot carry ``wire``: ``asked`` is the name given
-        with --wire, or None when ``because`` (another option) chose it."""
+        with --wire, or None for the default."""
         if self.accepts(wire):
             return
         ok = " or ".join(w.name for w in WIRES if self.accepts(w))
-        if asked is None and because:
-            raise ValueError(f"{because} sends the {wire.name} wire, which --reduce "
-                             f"{self.name} cannot carry (it carries only --wire {ok}); "
-                             f"choose another --reduce")
         raise ValueError(f"--reduce {self.name} carries only --wire {ok}, not "
                          f"{asked or wire.name!r} (leave --wire out for "
                          f"{self.default_wire})")

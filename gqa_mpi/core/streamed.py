@@ -5,7 +5,11 @@ The float64 reference of a step walks the cache in chunks of at most
 partials ``(m, l, O)`` of one chunk straight from the inputs (generated rows from the
 seed, ``.npy`` files through a memory map) with the reference's own arithmetic
 (:mod:`gqa_mpi.core.reference`, never :mod:`gqa_mpi.core.attention`'s). How the chunks
-are dealt to the ranks and folded is :mod:`gqa_mpi.app.references`'.
+are dealt to the ranks and folded is :mod:`gqa_mpi.app.check`'s.
+
+A ``--kernel-source`` run checked with ``--check-against kernel-model`` also has the
+kernel's own units of tiles (:func:`~gqa_mpi.core.kernel_model.kernel_units`) in its
+plan, for the float64 model of the reference kernel's arithmetic.
 """
 from __future__ import annotations
 
@@ -29,12 +33,32 @@ SUB_BYTES = 2 << 20
 
 @dataclass(frozen=True)
 class Task:
-    """One chunk of the check: the cache rows ``[a, b)`` it reads, and for a
-    ``--kernel-faithful`` model the kernel's unit of tiles (see
+    """One chunk of the check: the cache rows ``[a, b)`` it reads, and for the
+    kernel model the kernel's unit of tiles (see
     :func:`~gqa_mpi.core.kernel_model.kernel_units`) those rows hold."""
 
     rows: Tuple[int, int]
     unit: Optional[Tuple[int, int, int]] = None
+
+
+def modelled(cfg: Config) -> bool:
+    """Whether the check is against the float64 model of the reference kernel."""
+    return cfg.check_against == "kernel-model"
+
+
+def kinds(cfg: Config) -> Dict[str, Tuple[tuple, tuple, type]]:
+    """The partials a check folds, by kind: ``(shape of m and l, shape of o, dtype)``.
+
+    ``ref`` (float64) and ``control`` (float32) of exact attention with the run's scale
+    and mask; for the kernel model, ``model`` (the kernel's ``(G*T_q, d)`` arithmetic,
+    float64) and ``exact`` (float64 attention with the run's scale)."""
+    heads = (cfg.B, cfg.queries, cfg.heads_q)
+    full = (heads, heads + (cfg.head_dim,))
+    if modelled(cfg):
+        rows = (1, 1, cfg.group * cfg.queries)
+        return {"model": (rows, rows + (cfg.head_dim,), np.float64),
+                "exact": full + (np.float64,)}
+    return {"ref": full + (np.float64,), "control": full + (np.float32,)}
 
 
 def chunk_tokens(batch: int, width: int) -> int:
@@ -49,7 +73,7 @@ def plan(cfg: Config, cache_len: int) -> List[Task]:
     width = cfg.heads_kv * cfg.head_dim
     n = chunk_tokens(cfg.B, width)
     tasks = [Task((a, min(a + n, cache_len))) for a in range(0, cache_len, n)]
-    if cfg.kernel_faithful:
+    if modelled(cfg):
         tiles = max(1, n * width // (cfg.head_dim * cfg.tile))
         tasks += [Task(kernel_rows(cache_len, cfg.n_ranks, unit, width, cfg.head_dim), unit)
                   for unit in kernel_units(cache_len, cfg.n_ranks, cfg.tile, tiles)]
@@ -57,9 +81,9 @@ def plan(cfg: Config, cache_len: int) -> List[Task]:
 
 
 def plan_size(cfg: Config, cache_len: int) -> int:
-    """``len(plan(cfg, cache_len))``, counted without building it (a faithful run,
+    """``len(plan(cfg, cache_len))``, counted without building it (a modelled run,
     always one step, builds it)."""
-    if cfg.kernel_faithful:
+    if modelled(cfg):
         return len(plan(cfg, cache_len))
     return -(-cache_len // chunk_tokens(cfg.B, cfg.heads_kv * cfg.head_dim))
 
@@ -67,7 +91,7 @@ def plan_size(cfg: Config, cache_len: int) -> int:
 def chunk_partials(cfg: Config, task: Task, q: np.ndarray, cache_len: int, *,
                    n_tokens: int, rounded: bool) -> Dict[str, tuple]:
     """The partials of one chunk of the check of a step over ``cache_len`` tokens,
-    by kind (see :func:`gqa_mpi.app.references.references`), from rows read here."""
+    by kind (see :func:`kinds`), from rows read here."""
     width = cfg.heads_kv * cfg.head_dim
     k, v = (read_rows(cfg.inputs, cfg.seed, cfg.B, n_tokens, width, name, *task.rows)
             for name in "kv")
@@ -83,8 +107,8 @@ def _exact(cfg: Config, q, k, v, first: int, cache_len: int,
     a piece small enough for the rounding, the conversions and the products to stay in
     cache, in buffers allocated once, so that the check streams its chunk from memory
     once (a fresh array a piece costs more in page faults than the arithmetic)."""
-    if cfg.kernel_faithful:    # how far the kernel lands from attention as specified
-        kinds = {"exact": (np.float64, None, False)}
+    if modelled(cfg):    # how far the kernel lands from attention as specified
+        kinds = {"exact": (np.float64, cfg.scale, False)}
     else:
         kinds = {"ref": (np.float64, cfg.scale, cfg.causal),
                  "control": (np.float32, cfg.scale, cfg.causal)}

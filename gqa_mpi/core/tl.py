@@ -164,6 +164,21 @@ class Counters:
     """``(call, line, count)`` of the first calls whose result had inf or NaN where
     their operands had none (at most :data:`MAX_NONFINITE`)."""
 
+    def add(self, other: "Counters") -> None:
+        """Fold another call's (a later decode step's) counts into these: sums, the
+        larger high-water marks, the first non-finite origins."""
+        for name in ("loaded_bytes", "stored_bytes", "dot_flops", "calls"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.scratch_peak = max(self.scratch_peak, other.scratch_peak)
+        self.persistent = max(self.persistent, other.persistent)
+        for mine, theirs in ((self.sent, other.sent), (self.received, other.received)):
+            for d, (n, b) in theirs.items():
+                t = mine.setdefault(d, [0, 0])
+                t[0], t[1] = t[0] + n, t[1] + b
+        self.nonfinite = (self.nonfinite + [x for x in other.nonfinite
+                                            if x[:2] not in {y[:2] for y in self.nonfinite}]
+                          )[:MAX_NONFINITE]
+
 
 MAX_NONFINITE = 5
 
@@ -313,6 +328,12 @@ class Backend:
             raise KernelFault("program_id", f"tl.program_id: axis must be 0 (PE) or 1 "
                                             f"(cube), got {axis!r}", self.line())
         return self.pe if axis == 0 else self.cube
+
+    def local_tokens(self) -> int:
+        """gqa_mpi's one extension of the DSL: the token rows of K (and of V) in this
+        PE's memory. SPEC's signature gives only ``S_kv``; under ``--split`` or a decode
+        loop's ``--placement`` the slice is not the balanced split of it."""
+        return int(self.region("K").data.shape[0])
 
     def load(self, ptr, shape, dtype="f16") -> Tensor:
         """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``."""

@@ -14,8 +14,10 @@ from contextlib import contextmanager
 from typing import Dict, List, Optional
 
 
-STEP_PHASES = ("local_attention", "reduce", "finalize")
-"""The phases of one decode step, timed per step (``finalize`` on the root only)."""
+STEP_PHASES = ("local_attention", "reduce", "finalize", "kernel")
+"""The phases of one decode step, timed per step (``finalize`` on the root only;
+``kernel``, the call of the kernel's own function, in place of the other three in a
+``--kernel-source`` run)."""
 
 
 class Recorder:

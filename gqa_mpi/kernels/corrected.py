@@ -6,8 +6,10 @@ the patch a kernel author can take home. Run it with
 
 1. Short last PE row (P = 5, 6, 7): each row's own length ``min(4, P - 4*row)`` decides
    who receives from ``intra_E``, so no PE waits for a neighbour that does not exist.
-2. Tail tokens: the balanced split, ``S_local = S_kv // n + (r < S_kv % n)``; every
-   token belongs to one rank (SPEC's memory model holds exactly that slice).
+2. Tail tokens: every token belongs to one rank, and the kernel reads all of its
+   slice: ``tl.local_tokens()`` where the backend has it (gqa_mpi's, for --split and
+   a decode loop's placements), else SPEC's balanced split,
+   ``S_local = S_kv // n + (r < S_kv % n)``.
 3. float16 overflow of ``l`` and ``O``: the running partial and the wire are float32.
 4. Scale: scores are ``q.k / sqrt(d)``.
 5. Layout: per head. Rows of K and V are loaded whole, ``(tile, h_kv*d)``, and each KV
@@ -47,7 +49,10 @@ def gqa_decode_corrected_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv
     pe = tl.program_id(axis=0)
     cube = tl.program_id(axis=1)
     rank = cube * P + pe
-    S_local = S_kv // n + (1 if rank < S_kv % n else 0)
+    if hasattr(tl, "local_tokens"):
+        S_local = tl.local_tokens()
+    else:
+        S_local = S_kv // n + (1 if rank < S_kv % n else 0)
     row_bytes = h_kv * d_head * 2                      # one token of K or V, float16
     scale = 1.0 / d_head ** 0.5
 

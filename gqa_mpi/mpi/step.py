@@ -2,11 +2,16 @@
 
 Each rank holds a slice of K and V and the full Q (replicated). It makes the slice
 resident in its kernel's layout (with room for the tokens the decode loop will
-append), then, every step: sweeps its tokens in tiles (scratch bounded by the tile,
-whatever the slice), reduces the partial ``(m, l, O)`` to rank 0 along the configured
-schedule (the kernel's chain by default: row chain and column bridge in each cube,
-then the inter-cube chain), and the root computes ``O / l``. Between steps the new
-tokens a rank takes are appended to its cache.
+append), then, every step, runs one of two local steps:
+
+- the emulation's: sweep its tokens in tiles (scratch bounded by the tile, whatever
+  the slice), reduce the partial ``(m, l, O)`` to rank 0 along the configured schedule
+  (the kernel's chain by default: row chain and column bridge in each cube, then the
+  inter-cube chain), and the root computes ``O / l``;
+- the kernel's own function (``--kernel-source``, :mod:`gqa_mpi.mpi.source`), which
+  does all of that itself through ``tl``, over the slice held as float16 rows.
+
+Between steps the new tokens a rank takes are appended to its cache.
 
 ``cfg`` is a placed :class:`gqa_mpi.core.config.Config`; this module reads it and
 never builds one.
@@ -22,13 +27,13 @@ import numpy as np
 
 from ..core.config import Config
 from ..core.attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
-from ..core.kernel_model import kernel_operands, kernel_output
-from ..core.kernels import append, grow, make_resident
+from ..core.kernels import CHUNK, append, grow, make_resident, select
 from ..core.schedules import Traffic
 from ..core.trace import Recorder
 from . import watchdog
 from .exchange import execute
 from .faults import inject
+from .source import SourceStep
 from .topology import Topology
 
 TRACE_STEPS = 20
@@ -46,7 +51,10 @@ class Rank:
     count: int = 0
     """Tokens resident now."""
     kernel: object = None
+    """The local kernel of the emulated step (None for a source run)."""
     kernel_note: Optional[str] = None
+    source: Optional[SourceStep] = None
+    """The kernel's own function, with ``--kernel-source``."""
     recorder: Recorder = None
     q: np.ndarray = None
     k: np.ndarray = None
@@ -67,10 +75,13 @@ class Rank:
         hears how many of its tokens are resident.
         """
         start, _ = cfg.tokens(topo.rank)
-        kernel, note = cfg.local_kernel
-        rank = cls(cfg, topo, start, kernel=kernel, kernel_note=note,
-                   recorder=Recorder(topo.rank, events=cfg.trace is not None,
-                                     tiles=cfg.trace_tiles))
+        recorder = Recorder(topo.rank, events=cfg.trace is not None, tiles=cfg.trace_tiles)
+        if cfg.kernel_source is not None:
+            rank = cls(cfg, topo, start, recorder=recorder,
+                       source=SourceStep(cfg, topo, recorder))
+        else:
+            kernel, note = select(cfg.kernel)
+            rank = cls(cfg, topo, start, kernel=kernel, kernel_note=note, recorder=recorder)
         watchdog.phase("warm-up")
         with watchdog.waiting("a neighbour (warm-up)"):
             # MPI sets a connection up on the first message between two ranks; a decode
@@ -89,27 +100,27 @@ class Rank:
 
     def _resident(self, q_in, k_rows, v_rows, progress=None) -> None:
         cfg = self.cfg
-        if cfg.kernel_faithful:  # the kernel's reshapes give one float16-valued head
-            q, k_rows, v_rows = kernel_operands(q_in, k_rows, v_rows, group=cfg.group,
-                                                d=cfg.head_dim, tile=cfg.tile)
-            k_rows, v_rows = k_rows[0], v_rows[0]
-            h_kv, dtype = 1, np.float32
-        else:
-            q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
-            h_kv, dtype = cfg.heads_kv, np.dtype(cfg.kv_dtype)
         rows = {"k": k_rows, "v": v_rows}
         self.count = k_rows.shape[1]
         room = self.count + cfg.appended(self.topo.rank, cfg.steps - 1)
-        self.q = q
 
         def chunk(name, i, j):
             if progress is not None and name == "v":
                 progress(i, self.count)
             return rows[name][:, i:j]
 
+        if self.source is not None:      # the kernel's memory: float16 rows, as given
+            self.q = np.asarray(q_in, dtype=np.float16)
+            self.k, self.v = (np.empty((k_rows.shape[0], room, k_rows.shape[2]), np.float16)
+                              for _ in "kv")
+            for i in range(0, self.count, CHUNK):
+                j = min(i + CHUNK, self.count)
+                self.k[:, i:j], self.v[:, i:j] = chunk("k", i, j), chunk("v", i, j)
+            return
+        self.q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
         self.k, self.v = make_resident(self.kernel, chunk,
-                                       self.count, k_rows.shape[0], h_kv, cfg.head_dim,
-                                       dtype, room)
+                                       self.count, k_rows.shape[0], cfg.heads_kv,
+                                       cfg.head_dim, np.dtype(cfg.kv_dtype), room)
 
     def step(self, index: int, q_in: Optional[np.ndarray] = None,
              cache_len: Optional[int] = None) -> Optional[np.ndarray]:
@@ -121,15 +132,24 @@ class Rank:
         causal mask; by default the command line's ``cfg.cache_len(index)``.
         """
         cfg, topo, rec = self.cfg, self.topo, self.recorder
+        rec.last.clear()
+        rec.paused = index >= TRACE_STEPS    # a long loop traces its first steps only
+        total = cfg.cache_len(index) if cache_len is None else cache_len
+        if self.source is not None:
+            if q_in is not None:
+                self.q = np.asarray(q_in, dtype=np.float16)
+            with rec.phase("kernel", step=index):
+                watchdog.phase(f"the kernel under test (step {index})")
+                out = self.source.step(self.q[0], self.k[0, :self.count],
+                                       self.v[0, :self.count], total, self.start)
+            self.steps.append(dict(rec.last))
+            return out
         if q_in is not None:
             self.q = fold_queries(q_in, cfg.heads_kv, cfg.head_dim)
         out = None
-        rec.last.clear()
-        rec.paused = index >= TRACE_STEPS    # a long loop traces its first steps only
         with rec.phase("local_attention", tile=cfg.tile, step=index):
             watchdog.phase("local_attention")
             inject("local_attention", topo.rank)
-            total = cfg.cache_len(index) if cache_len is None else cache_len
             limit = causal_limits(total, cfg.queries, cfg.group) if cfg.causal else None
             partial = self.kernel.sweep(self.q, self.k, self.v, scale=cfg.scale,
                                         tile=cfg.tile, start=self.start, causal_limit=limit,
@@ -144,11 +164,7 @@ class Rank:
             with rec.phase("finalize", step=index):
                 watchdog.phase("finalize")
                 inject("finalize", topo.rank)
-                out = finalize(partial)
-                if cfg.kernel_faithful:
-                    out = kernel_output(out, (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim))
-                else:
-                    out = unfold_output(out, cfg.queries)
+                out = unfold_output(finalize(partial), cfg.queries)
                 out = out if cfg.batched else out[0]
         self.steps.append(dict(rec.last))     # this step's phases, as the recorder timed them
         self.traffic = Traffic(self.traffic.messages + traffic.messages,
@@ -162,9 +178,16 @@ class Rank:
         when they do not fit: the command line sizes it for its whole loop up front)."""
         with self.recorder.phase("append"):
             need = self.count + k_rows.shape[1]
-            if need > self.v.shape[2]:
-                self.k, self.v = grow(self.kernel, self.k, self.v, max(need, 2 * self.count))
-            append(self.kernel, self.k, self.v, k_rows, v_rows, self.count)
+            if self.source is not None:      # float16 rows, room doubled when full
+                if need > self.k.shape[1]:
+                    self.k, self.v = (_room(a, self.count, max(need, 2 * self.count))
+                                      for a in (self.k, self.v))
+                self.k[:, self.count:need], self.v[:, self.count:need] = k_rows, v_rows
+            else:
+                if need > self.v.shape[2]:
+                    self.k, self.v = grow(self.kernel, self.k, self.v,
+                                          max(need, 2 * self.count))
+                append(self.kernel, self.k, self.v, k_rows, v_rows, self.count)
         self.count += k_rows.shape[1]
 
     def finish(self) -> None:
@@ -173,3 +196,10 @@ class Rank:
     @property
     def peak_rss_mib(self) -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _room(rows: np.ndarray, count: int, capacity: int) -> np.ndarray:
+    """``(B, capacity, width)`` holding the first ``count`` tokens of ``rows``."""
+    out = np.empty((rows.shape[0], capacity, rows.shape[2]), rows.dtype)
+    out[:, :count] = rows[:, :count]
+    return out

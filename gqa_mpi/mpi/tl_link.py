@@ -27,12 +27,9 @@ from mpi4py import MPI
 from ..core.grid import DIRECTIONS
 from ..core.tl import KernelFault
 from ..core.trace import Recorder
+from ..exits import Exit
 from . import watchdog
 from .topology import Topology
-
-EXIT_FAULT = 5
-"""The kernel under test faulted (an out-of-bounds access, a bad message, a deadlock,
-an exception of its own)."""
 
 TAG_DATA = 77
 STATE, GO = 1, 2
@@ -134,7 +131,7 @@ class Watch:
         if waiting and in_flight:
             lines.append(f"  {in_flight} message(s) were sent and not received, from a "
                          f"direction nobody waits on")
-        watchdog.say_and_abort(self.comm, "\n".join(lines), EXIT_FAULT)
+        watchdog.say_and_abort(self.comm, "\n".join(lines), Exit.FAULT)
 
 
 class MpiLink:

@@ -23,7 +23,8 @@ import time
 from contextlib import contextmanager
 from typing import Optional
 
-EXIT_TIMEOUT = 3
+from ..exits import Exit
+
 GRACE = 2.0
 """Seconds a waiting rank leaves the stuck rank to name itself (a quarter of the
 timeout when that is shorter)."""
@@ -116,10 +117,10 @@ def _expire() -> None:
     sys.stderr.flush()
     if waited is not None:
         time.sleep(min(1.0, 0.25 * seconds))  # let the other waiting ranks speak too
-    fallback = threading.Timer(5.0, lambda: os._exit(EXIT_TIMEOUT))
+    fallback = threading.Timer(5.0, lambda: os._exit(Exit.TIMEOUT))
     fallback.daemon = True
     fallback.start()
-    comm.Abort(EXIT_TIMEOUT)
+    comm.Abort(Exit.TIMEOUT)
 
 
 SPOKEN = 0.3

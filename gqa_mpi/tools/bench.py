@@ -269,10 +269,7 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
                     if proc.returncode not in (0, 1):      # 1: the kernel's own numerics
                         rows.append(dict(ranks=n, error=_why(proc)))
                         break
-                    with open(path) as f:
-                        doc = json.load(f)
-                    times[name] = (max(r["seconds"] for r in doc["ranks"]) if name == "source"
-                                   else RunRecord.from_json(doc).timings()["step"]["max"])
+                    times[name] = RunRecord.load(path).timings()["step"]["max"]
                 if len(times) == 2:
                     rows.append(dict(ranks=n, tokens_per_rank=per_rank, G=group, d=d,
                                      source_s=times["source"], numpy_s=times["numpy"],

@@ -7,11 +7,10 @@ import os
 import shlex
 import shutil
 import sys
-from dataclasses import fields
 from typing import Dict
 
 from ...app.options import add_arguments
-from ...core.config import Config, parse_grid
+from ...core.config import Config, parse_grid, roles
 from ...app.outputs import Interrupted, check_paths
 from ...core.schedules import SCHEDULES
 from ...core.wires import WIRES
@@ -20,10 +19,9 @@ from ..launcher import mpirun_command, plain
 from .plan import KINDS, SWEEPS, StudyError, words
 from .results import read_results, summarise
 
-CONFIG_FIELDS = [f.name for f in fields(Config)
-                 if f.metadata["group"] in ("problem", "algorithm")
-                 and f.name not in ("inputs", "allow_nonfinite")] + ["grid", "placement"]
-"""The gqa_mpi options a study passes to every launch (typed and checked here)."""
+CONFIG_FIELDS = list(roles("study"))
+"""The gqa_mpi options a study passes to every launch (typed and checked here): the
+fields whose metadata says so."""
 
 DEFAULTS = dict(kind="strong", ranks="1,2,4,8,16", seq_len=65536, tokens_per_rank=8192,
                 tiles="256,512,1024,2048,4096", wires=",".join(WIRES.names()),

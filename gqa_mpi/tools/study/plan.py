@@ -7,7 +7,7 @@ import sys
 from dataclasses import dataclass, fields, replace
 from typing import Dict, List, Optional, Tuple
 
-from ...core.config import Config, parse_grid
+from ...core.config import Config, parse_grid, roles
 from ...core.schedules import SCHEDULES
 from ...core.wires import WIRES
 from ..launcher import mpirun_command
@@ -64,11 +64,10 @@ class Point:
         return replace(self.config, json=json_path, quiet=True).to_argv() + list(self.extra)
 
 
-RESULT_FIELDS = tuple(f.name for f in fields(Config)
-                      if f.metadata["group"] != "outputs" or f.name in ("check", "check_every"))
-"""The Config fields that can change a run's result: all but where outputs go, what is
-printed and the guards (``--max-memory``, ``--timeout``). A new option is in the key
-(and the CSV) without anyone listing it."""
+RESULT_FIELDS = roles("result")
+"""The Config fields that can change a run's result (their metadata says so: all but
+where outputs go, what is printed and the guards ``--max-memory`` and ``--timeout``).
+A new option is in the key (and the CSV) without anyone listing it."""
 COLUMN = {"reduce": "reduce_schedule"}
 """CSV names that differ from the field's (kept from the first studies' files)."""
 POINT_KEYS = (("study", "ranks", "tokens_per_rank")

@@ -1,0 +1,90 @@
+"""A kernel's own file (``--kernel-source FILE[:FUNCTION]``): found, loaded once, and its
+function's signature checked before any rank calls it. No MPI here.
+
+``builtin:NAME`` is ``gqa_mpi/kernels/NAME.py``. Without ``:FUNCTION`` the kernel is the
+one public function whose name ends in ``_kernel``. Its signature must take SPEC's
+arguments ``(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, *, tl)``.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import runpy
+from typing import Callable, Dict, Optional, Tuple
+
+BUILTIN = "builtin:"
+KERNELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                           "kernels")
+POSITIONAL = 11
+"""``q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P``."""
+
+_loaded: Dict[Tuple[str, Optional[str], float], Tuple[Callable, str]] = {}
+
+
+def resolve(spec: str) -> Tuple[str, Optional[str]]:
+    """``FILE[:FUNCTION]`` -> ``(absolute path, function or None)``."""
+    if spec.startswith(BUILTIN):
+        name, _, fn = spec[len(BUILTIN):].partition(":")
+        return os.path.join(KERNELS_DIR, name + ".py"), fn or None
+    path, fn = spec, None
+    if not os.path.exists(spec) and ":" in spec:
+        head, _, tail = spec.rpartition(":")
+        if tail.isidentifier():
+            path, fn = head, tail
+    return os.path.abspath(path), fn
+
+
+def load(spec: str) -> Tuple[Callable, str]:
+    """The kernel function and its file, loaded once per process (its top-level code
+    runs once); ValueError with one line otherwise."""
+    path, name = resolve(spec)
+    if not os.path.isfile(path):
+        raise ValueError(f"--kernel-source {spec}: no such file {path}")
+    key = (path, name, os.path.getmtime(path))
+    if key not in _loaded:
+        _loaded[key] = _load(spec, path, name)
+    return _loaded[key]
+
+
+def _load(spec: str, path: str, name: Optional[str]) -> Tuple[Callable, str]:
+    try:
+        namespace = runpy.run_path(path, run_name="gqa_mpi_kernel_source")
+    except SyntaxError as e:
+        raise ValueError(f"--kernel-source {spec}: syntax error at {path}:{e.lineno}: "
+                         f"{e.msg}") from None
+    except BaseException as e:  # noqa: BLE001 - the file's own top level failed
+        raise ValueError(f"--kernel-source {spec}: running {path} failed: "
+                         f"{type(e).__name__}: {e}") from None
+    if name is not None:
+        fn = namespace.get(name)
+        if not callable(fn):
+            raise ValueError(f"--kernel-source {spec}: {path} defines no function {name!r}")
+    else:
+        found = sorted(k for k, v in namespace.items()
+                       if k.endswith("_kernel") and callable(v) and not k.startswith("_"))
+        if len(found) != 1:
+            what = "no function whose name ends in _kernel" if not found else \
+                f"several kernels ({', '.join(found)})"
+            raise ValueError(f"--kernel-source {spec}: {path} has {what}; name one as "
+                             f"FILE:FUNCTION")
+        fn = namespace[found[0]]
+    why = signature_problem(fn)
+    if why:
+        line = getattr(getattr(fn, "__code__", None), "co_firstlineno", "?")
+        raise ValueError(f"--kernel-source {spec}: {fn.__name__} at {path}:{line} {why}; "
+                         f"SPEC's kernel is f(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, "
+                         f"h_kv, d_head, C, P, *, tl)")
+    return fn, path
+
+
+def signature_problem(fn: Callable) -> Optional[str]:
+    """Why ``fn`` cannot be called with SPEC's arguments, or None."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None                                   # a builtin: let the call tell
+    try:
+        sig.bind(*range(POSITIONAL), tl=None)
+    except TypeError as e:
+        return f"cannot take SPEC's arguments ({e})"
+    return None

@@ -1,0 +1,101 @@
+"""The kernel's own function as a rank's local step (``--kernel-source``).
+
+Each decode step, every rank calls the kernel once with SPEC's signature and its own
+``tl`` (:class:`gqa_mpi.core.tl.Backend`, with :mod:`gqa_mpi.mpi.tl_link` behind
+``send`` and ``recv``). Its memory holds that step's Q (replicated), its slice of K
+and V as the cache then stands, and O (zeros), all float16; ``S_kv`` is the step's
+cache length. The step's output is O as it stands in rank 0's memory once every rank
+has returned.
+
+A fault (:class:`~gqa_mpi.core.tl.KernelFault`, or any exception of the kernel's
+own, ``SystemExit`` and ``KeyboardInterrupt`` included) is one report (trimmed to
+FILE's frames) from the rank that saw it, and every rank leaves with
+:attr:`~gqa_mpi.exits.Exit.FAULT`.
+"""
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Dict, Optional
+
+import numpy as np
+
+from ..core.config import Config
+from ..core.kernel_file import load
+from ..core.tl import Backend, Counters, KernelFault, run_kernel
+from ..core.trace import Recorder
+from ..exits import Exit
+from . import watchdog
+from .tl_link import MpiLink, Watch
+from .topology import Topology
+
+
+class SourceStep:
+    """One rank's calls of the kernel's function, and what they did (summed over the
+    steps; the token rows read are the last step's)."""
+
+    def __init__(self, cfg: Config, topo: Topology, recorder: Recorder):
+        self.fn, self.path = load(cfg.kernel_source)
+        self.cfg, self.topo, self.rec = cfg, topo, recorder
+        self.total = Counters()
+        self.rows_read = (0, 0)
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    def step(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache_len: int,
+             first: int) -> Optional[np.ndarray]:
+        """Call the kernel over this rank's ``k``, ``v`` ``(S_local, h_kv*d)`` float16
+        (global rows from ``first``) with queries ``q`` ``(T_q, h_q*d)``; O
+        ``(T_q, h_q*d)`` float32 on the root, None elsewhere."""
+        cfg, topo = self.cfg, self.topo
+        row = k.shape[1] * 2
+        regions = [("Q", q, 0, 0), ("K", k, row, first), ("V", v, row, first),
+                   ("O", np.zeros(q.shape, np.float16), 0, 0)]
+        watch = Watch(topo, self.path)
+        backend = Backend(topo.place.pe, topo.place.cube, regions,
+                          MpiLink(topo, watch, self.rec), self.path, self.rec)
+        try:
+            run_kernel(self.fn, backend, q.shape[0], cache_len, cfg.heads_q, cfg.heads_kv,
+                       cfg.head_dim, cfg.cubes, cfg.pes)
+        except KernelFault as fault:
+            self._leave(self._fault_line(fault))
+        except BaseException as exc:  # noqa: BLE001 - the kernel's own code raised
+            place = topo.place
+            self._leave(f"gqa_mpi: error: the kernel raised on rank {topo.rank} (cube "
+                        f"{place.cube}, PE {place.pe}):\n{self._own_exception(exc)}")
+        backend.link.finish()
+        self.total.add(backend.count)
+        self.rows_read = (backend.region("K").rows_read(), backend.region("V").rows_read())
+        if topo.is_root:
+            return backend.region("O").data.astype(np.float32)
+        return None
+
+    def stats(self) -> Dict:
+        """What the kernel did on this rank, for :class:`~gqa_mpi.app.record.RankStats`."""
+        c = self.total
+        return dict(k_rows=self.rows_read[0],
+                    v_rows=self.rows_read[1], loaded_bytes=c.loaded_bytes,
+                    stored_bytes=c.stored_bytes, dot_flops=c.dot_flops, calls=c.calls,
+                    scratch_peak=c.scratch_peak, persistent=c.persistent,
+                    sent=c.sent, received=c.received,
+                    nonfinite=[list(x) for x in c.nonfinite])
+
+    def _fault_line(self, fault: KernelFault) -> str:
+        place = self.topo.place
+        where = f"{self.path}:{fault.line}" if fault.line is not None else self.path
+        return (f"gqa_mpi: error: kernel fault on rank {self.topo.rank} (cube {place.cube}, "
+                f"PE {place.pe}): {fault.message} (tl.{fault.call} at {where})")
+
+    def _own_exception(self, exc: BaseException) -> str:
+        """The kernel's exception with its traceback trimmed to FILE's frames."""
+        frames = [f for f in traceback.extract_tb(exc.__traceback__)
+                  if f.filename == self.path]
+        text = "".join(traceback.format_list(frames))
+        return f"{text}{type(exc).__name__}: {exc}"
+
+    def _leave(self, line: str) -> None:
+        watchdog.say_and_abort(self.topo.comm, line, Exit.FAULT)
+        time.sleep(60)                       # never returns: the job is ending
+
