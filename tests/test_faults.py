@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from gqa_mpi.app import cli
+from gqa_mpi.exits import Exit
 from gqa_mpi.tools.launcher import gqa_command
 
 import util
@@ -59,7 +59,7 @@ def test_exception_on_one_rank_aborts_all_and_is_printed_once():
     t0 = time.monotonic()
     proc = launch(8, ["--seq-len", 20000, "--seed", MARK], timeout=60,
                   env={"GQA_MPI_FAULT": "raise:5:reduce"})
-    assert proc.returncode == cli.EXIT_CRASH, proc.stderr      # not 1 (failed) or 2 (usage)
+    assert proc.returncode == Exit.CRASH, proc.stderr      # not 1 (failed) or 2 (usage)
     assert time.monotonic() - t0 < 30
     assert proc.stderr.count("RuntimeError: injected fault") == 1, proc.stderr
     assert "gqa_mpi: rank 5: unexpected error, aborting all 8 ranks" in proc.stderr

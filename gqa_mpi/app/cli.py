@@ -155,7 +155,9 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
     if error:
         raise UsageError(error)
     if problem is not None:        # the files say the problem; flags may only agree
-        given.setdefault("kv_dtype", problem.pop("kv_dtype"))
+        kv_dtype = problem.pop("kv_dtype")       # a kernel's memory is float16 anyway
+        if given.get("kernel_source") is None:
+            given.setdefault("kv_dtype", kv_dtype)
         for key, value in problem.items():
             if key in given and given[key] != value:
                 name = key.replace("_", "-")

@@ -410,7 +410,8 @@ class Config:
         ``3,0,5``, placement ``blocks:B``), as on the command line, and the wire as it
         resolves. :meth:`from_json` also reads a split written as a list."""
         d = {f.name: _text(f, getattr(self, f.name)) for f in fields(self)}
-        d["wire"] = self.wire_format.name
+        if self.kernel_source is None:       # a source run's messages are the kernel's
+            d["wire"] = self.wire_format.name
         return d
 
     @classmethod
