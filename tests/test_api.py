@@ -12,7 +12,7 @@ from gqa_mpi.core.grid import Grid
 from gqa_mpi.core.schedules import SCHEDULES
 from gqa_mpi.core.reference import attention_reference
 from gqa_mpi.tools.launcher import mpirun_command
-from util import run_bounded
+from util import run_bounded, unregister
 
 README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
 
@@ -61,7 +61,7 @@ def test_readme_schedule_example_registers_a_schedule():
         assert star.depth(Grid(2, 8, 4)) == 1 and star.depth(Grid(1, 1, 4)) == 0
         assert [s.op for s in star.steps(Grid(2, 8, 4), 0)] == ["recv"] * 15
     finally:
-        SCHEDULES.unregister("star")
+        unregister(SCHEDULES, "star")
     assert "star" not in SCHEDULES
 
 

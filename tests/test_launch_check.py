@@ -50,7 +50,8 @@ def test_both_directions_for_real(tmp_path):
     mpi4py that loaded Open MPI: one line each, exit 2 (where Open MPI is installed)."""
     import os
     import sys
-    from gqa_mpi.tools.launcher import mpirun, open_mpi
+    from gqa_mpi.tools.launcher import mpirun
+    from util import open_mpi
     from util import run_bounded
     prefix = open_mpi()
     if prefix is None:

@@ -27,7 +27,7 @@ from gqa_mpi.core.wires import WIRES  # noqa: E402
 from gqa_mpi.mpi.exchange import collective, execute  # noqa: E402
 from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
-from util import spec_depth, spec_kernel_model, spec_schedule  # noqa: E402
+from util import spec_depth, spec_kernel_model, spec_schedule, unregister  # noqa: E402
 
 pytestmark = pytest.mark.mpi(min_size=16)
 
@@ -264,7 +264,7 @@ def test_a_schedule_added_in_one_file(C, P):
             assert record.messages == 3 * (C * P - 1)
             assert "star (every rank sends" in record.config.schedule.describe(record.config.layout)
     finally:
-        SCHEDULES.unregister("star")
+        unregister(SCHEDULES, "star")
 
 
 class GatherAll(Collective):
@@ -303,7 +303,7 @@ def test_a_collective_added_in_one_file(C, P):
             assert record.messages == C * P
             assert "MPI picks the pattern" in record.config.schedule.describe(record.config.layout)
     finally:
-        SCHEDULES.unregister("gather-all")
+        unregister(SCHEDULES, "gather-all")
 
 
 @pytest.mark.parametrize("reduce,wire", [(s.name, s.default_wire) for s in SCHEDULES]
@@ -534,4 +534,75 @@ def test_the_check_sees_a_token_the_run_dropped_or_counted_twice(fault):
     if comm.rank == 0:
         check, _ = judge(cfg, out, 0.0, refs)
         assert check.passed == (fault == "none"), check
+    comm.Free()
+
+
+def test_a_source_run_of_five_steps_checks_each_and_records_like_an_emulated_run(tmp_path):
+    """--kernel-source with --steps: every step calls the kernel on the cache as it
+    then stands; the record has an emulated run's format and top-level fields."""
+    code, source = run_source(2, 8, tmp_path, kernel_source="builtin:corrected", seq_len=3001,
+                              heads_q=8, heads_kv=2, head_dim=16, steps=5,
+                              placement="round-robin")
+    code2, emulated = run_source(2, 8, tmp_path, seq_len=3001, heads_q=8, heads_kv=2,
+                                 head_dim=16, steps=5)
+    if source is not None:
+        assert code == code2 == 0, (source["checks"], emulated["checks"])
+        assert set(source) == set(emulated) and source["format"] == emulated["format"]
+        assert source["checked_steps"] == [0, 1, 2, 3, 4]
+        assert all(c["passed"] for c in source["checks"])
+        assert all(len(r["steps"]) == 5 for r in source["ranks"])
+        assert sum(r["source"]["k_rows"] for r in source["ranks"]) == 3001 + 4
+        assert source["kernel_source"]["function"] == "gqa_decode_corrected_kernel"
+        assert emulated["kernel_source"] is None
+
+
+def test_the_library_loop_runs_the_kernels_source():
+    """Decoder(..., kernel_source=FILE): steps and appends of the caller's arrays, each
+    step the kernel's own function; O against float64 attention on float16 values."""
+    from gqa_mpi import Decoder
+    comm = sub_world(8)
+    if comm == MPI.COMM_NULL:
+        return
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((2, 8 * 16)).astype(np.float32)
+    k, v = (rng.standard_normal((8 * 100 + 8 * 3, 2 * 16)).astype(np.float16) for _ in "kv")
+    mine = slice(comm.rank * 100, comm.rank * 100 + 100)
+    with Decoder(q, k[mine], v[mine], heads_kv=2, kernel_source="builtin:corrected",
+                 comm=comm) as dec:
+        outs = []
+        for step in range(3):
+            outs.append(dec.step(q))
+            new = slice(800 + 8 * step + comm.rank, 800 + 8 * step + comm.rank + 1)
+            dec.append(k[new], v[new])
+        record, _ = dec.record()
+    assert record.kernel_source["function"] == "gqa_decode_corrected_kernel"
+    if comm.rank == 0:
+        q16 = q.astype(np.float16)
+        for step, out in enumerate(outs):
+            seen = np.r_[0:800, 800:800 + 8 * step]
+            ref = attention_reference(q16, k[seen], v[seen], h_kv=2)
+            assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-3, step
+    comm.Free()
+
+
+@pytest.mark.parametrize("case", ["shape", "width", "differs", "closed"])
+def test_the_library_loop_refuses_a_wrong_query_on_every_rank(case):
+    from gqa_mpi import Decoder
+    comm = sub_world(4)
+    if comm == MPI.COMM_NULL:
+        return
+    q = np.ones((1, 4 * 8), np.float32)
+    k = np.ones((10, 2 * 8), np.float32)
+    dec = Decoder(q, k, k, heads_kv=2, comm=comm)
+    bad = {"shape": np.ones((2, 4 * 8), np.float32), "width": np.ones((1, 4 * 4), np.float32),
+           "differs": q * (1 + comm.rank), "closed": q}[case]
+    if case == "closed":
+        dec.close()
+    with pytest.raises(ValueError) as e:
+        dec.step(bad)
+    dec.close()
+    words = {"shape": "shaped like the first ones", "width": "shaped like the first ones",
+             "differs": "rank 1 passed a different q", "closed": "after the decoder was closed"}
+    messages = comm.allgather(str(e.value))
+    assert all(words[case] in m for m in messages), messages
     comm.Free()

@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from gqa_mpi.tools.launcher import mpirun_command, open_mpi
+from gqa_mpi.tools.launcher import mpirun_command
+
+from util import open_mpi
 from util import run_bounded
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -1,8 +1,14 @@
-"""Helpers shared by the tests: launching real MPI runs, writing inputs."""
+"""Helpers shared by the tests: launching real MPI runs, writing inputs, and the
+small pieces only tests use (the chain's depth by SPEC's formula, Open MPI beside
+the default MPI, taking an entry out of a registry)."""
+import functools
 import json
 import os
+import shutil
 import subprocess
+import sys
 import time
+from typing import List, Optional
 
 import numpy as np
 
@@ -211,3 +217,40 @@ def spec_kernel_model(q, k, v, *, h_kv, n, tile):
     out = np.zeros(np.size(q))
     out[:o.size] = o.ravel()
     return out.reshape(np.shape(q))
+
+
+@functools.lru_cache(maxsize=None)
+def open_mpi() -> Optional[List[str]]:
+    """A launch prefix for Open MPI beside the default MPI, or None: the system's Open
+    MPI ``mpirun`` (Debian's ``openmpi-bin``), with mpi4py told to load Open MPI
+    (``MPI4PY_MPIABI=openmpi``), where both are there. ``+ ["-n", N, ...]`` follows."""
+    for cand in ("mpirun.openmpi", "/usr/bin/mpirun"):
+        path = shutil.which(cand)
+        if path is None:
+            continue
+        try:
+            version = subprocess.run([path, "--version"], capture_output=True, text=True,
+                                     timeout=30).stdout
+            loads = subprocess.run(
+                [sys.executable, "-c", "from mpi4py import MPI; "
+                 "print(MPI.Get_library_version())"], capture_output=True, text=True,
+                timeout=60, env=dict(os.environ, MPI4PY_MPIABI="openmpi")).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        if "Open MPI" in version and "Open MPI" in loads:
+            root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+            return [path, *root, "--oversubscribe", "-x", "MPI4PY_MPIABI=openmpi",
+                    "-x", "PATH", "-x", "PYTHONPATH"]
+    return None
+
+
+def chain_depth(grid) -> int:
+    """Hops on the critical path of the kernel's chain over a :class:`Grid`: PE
+    ``(row, col)`` is ``col + row`` hops from PE 0 and cube ``c`` is ``c`` more (5 for 2
+    cubes of 2x4); with a short last row the farthest PE may end the row above it."""
+    return max(sum(divmod(pe, grid.cols)) for pe in range(grid.pes)) + grid.cubes - 1
+
+
+def unregister(registry, name: str) -> None:
+    """Take a test's own entry out of a registry again."""
+    registry._items.pop(name, None)

@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import sys
+import textwrap
 import traceback
 from typing import List, Optional
 
@@ -43,7 +44,9 @@ does all of that through gqa_mpi's tl instead. Every rank then computes a share 
 a float64 reference straight from the inputs, rank 0 checks O against it and prints
 a report (and, in a run longer than 3 s, progress lines on stderr).
 
-Exit code: {describe()}.
+{textwrap.fill("Exit code: " + describe() + ".", 80)}
+
+The options most runs use come first; the advanced ones follow by topic.
 """
 
 EPILOG = """\
@@ -104,9 +107,10 @@ class _Retired(argparse.Action):
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one option per :class:`~gqa_mpi.core.config.Config` field."""
     p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
+                usage="mpirun -n N python -m gqa_mpi [options]",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"gqa_mpi {__version__}")
-    add_arguments(p)
+    add_arguments(p, common_first=True)
     for flag in RETIRED:
         p.add_argument(flag, action=_Retired)
     return p

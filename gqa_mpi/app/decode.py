@@ -22,8 +22,6 @@ The command line is built on it (:mod:`gqa_mpi.app.run`).
 from __future__ import annotations
 
 import operator
-import time
-import zlib
 from dataclasses import dataclass, fields, replace
 from typing import Callable, Dict, Optional
 
@@ -31,14 +29,13 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.config import Config, roles
-from ..core.kernels import isa
 from ..core.partition import token_range
-from ..core.trace import chrome_trace
 from ..mpi import watchdog
 from ..mpi.step import Rank
 from ..mpi.topology import Topology
 from .outputs import write_json
-from .record import RankStats, RunRecord
+from .collective import agree, agree_on, fingerprint, gather_record
+from .record import RunRecord
 
 
 @dataclass
@@ -52,43 +49,6 @@ class Decoded:
     the caller's, so is their check)."""
     trace: Optional[Dict] = None
     """On rank 0 with ``trace`` set: the Chrome trace-event document."""
-
-
-def _agree(comm: MPI.Comm, error: Optional[str]) -> None:
-    """Raise the first rank's error on every rank, so that all leave together."""
-    with watchdog.waiting(f"all {comm.size} ranks to make the same library call"):
-        errors = [e for e in comm.allgather(error) if e]
-    if errors:
-        raise ValueError(errors[0])
-
-
-def _fingerprint(q: np.ndarray):
-    """Q as the ranks compare it: shape, dtype and a checksum of its bytes."""
-    q = np.ascontiguousarray(q)
-    return (q.shape, str(q.dtype), zlib.crc32(q.view(np.uint8).reshape(-1)))
-
-
-def _agree_on(comm: MPI.Comm, mine: Dict) -> None:
-    """Raise the same ValueError on every rank unless every rank passed the same
-    ``mine`` (the configuration, Q, the dtype and width of K and V), naming the first
-    rank that differs from rank 0 and what differs."""
-    with watchdog.waiting(f"all {comm.size} ranks to make the same library call"):
-        every = comm.allgather(mine)
-    for rank, theirs in enumerate(every):
-        if theirs == every[0]:
-            continue
-        keys = sorted(k for k in mine if theirs[k] != every[0][k])
-        if "config" in keys:
-            a, b = every[0]["config"], theirs["config"]
-            what = ", ".join(f"{f}={b[f]!r} where rank 0 has {a[f]!r}"
-                             for f in sorted(a) if a[f] != b.get(f))
-        elif "q" in keys:
-            what = (f"a different q (shape {theirs['q'][0]}, checksum {theirs['q'][2]:#x}; "
-                    f"rank 0: shape {every[0]['q'][0]}, checksum {every[0]['q'][2]:#x})")
-        else:
-            what = f"k, v of dtype {theirs['kv'][0]} where rank 0 has {every[0]['kv'][0]}"
-        raise ValueError(f"the ranks disagree: rank {rank} passed {what}; every rank must "
-                         f"pass the same options, the same q and K/V of one dtype")
 
 
 def _rows(a, name: str):
@@ -214,7 +174,7 @@ class Decoder:
                 raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} differ in shape")
         except ValueError as e:
             error = f"rank {comm.rank}: {e}"
-        _agree(comm, error)
+        agree(comm, error)
         lengths = comm.allgather(k.shape[1])        # every rank has passed _agree
         error = cfg = None
         try:
@@ -235,8 +195,8 @@ class Decoder:
                                  "gqa_mpi --steps N); a library loop calls step() N times")
         except ValueError as e:
             error = str(e)
-        _agree(comm, error)
-        _agree_on(comm, dict(config=cfg.to_json(), q=_fingerprint(q3),
+        agree(comm, error)
+        agree_on(comm, dict(config=cfg.to_json(), q=fingerprint(q3),
                              kv=(str(k.dtype), k.shape[0], k.shape[2])))
         self._start(comm, cfg, q3, k, v)
 
@@ -248,10 +208,14 @@ class Decoder:
         ``progress(done, total)`` hears how many of this rank's tokens are loaded."""
         self = cls.__new__(cls)
         self._start(comm, cfg, q, k, v, progress)
+        self.trusted = True           # its queries are drawn the same on every rank
         return self
 
     def _start(self, comm, cfg: Config, q, k, v, progress=None) -> None:
         self.cfg, self.comm = cfg, comm
+        self.q_shape = tuple(np.shape(q))
+        self.trusted = False
+        self.closed = False
         self.steps = 0
         self.tokens = cfg.seq_len
         """Tokens in the cache, all ranks together."""
@@ -266,8 +230,10 @@ class Decoder:
     def step(self, q=None) -> Optional[np.ndarray]:
         """One decode step over the cache as it stands; O ``(like q)`` on rank 0.
 
-        ``q``: this step's queries, shaped like those given first (by default those)."""
-        q3 = None if q is None else _queries(q)
+        ``q``: this step's queries, shaped like those given first (by default those),
+        the same on every rank; a ``ValueError`` on every rank otherwise."""
+        self._refuse_closed("step")
+        q3 = None if q is None else self._step_queries(q)
         output = self.rank.step(self.steps, q3, self.tokens)
         self.steps += 1
         if output is not None:
@@ -276,6 +242,7 @@ class Decoder:
 
     def append(self, k, v) -> None:
         """Add this rank's new tokens ``(n, h_kv*d)`` (``n`` may be 0) to its slice."""
+        self._refuse_closed("append")
         error = None
         try:
             k, v = _rows(k, "k"), _rows(v, "v")
@@ -286,10 +253,10 @@ class Decoder:
                                  f"be ({self.cfg.B}, n, {width})")
         except ValueError as e:
             error = f"rank {self.comm.rank}: {e}"
-        _agree(self.comm, error)
+        agree(self.comm, error)
         counts = self.comm.allgather(k.shape[1])
         if self.cfg.causal and any(counts[:-1]):
-            _agree(self.comm, "with causal=True new tokens go to the last rank (the mask "
+            agree(self.comm, "with causal=True new tokens go to the last rank (the mask "
                               f"takes the cache as one run); the ranks give {counts}")
         if k.shape[1]:
             self.rank.append(np.asarray(k), np.asarray(v))
@@ -300,14 +267,41 @@ class Decoder:
         rank; the Chrome trace document on rank 0 with ``trace`` set (and written
         there, atomically, unless ``write_trace`` is false: the command line writes
         it with its other outputs)."""
+        self._refuse_closed("record")
         record, trace = gather_record(self.cfg, self.topo, self.rank, self.nonfinite)
         if trace is not None and write_trace:
             write_json(self.cfg.trace, trace)
         return record, trace
 
+    def _refuse_closed(self, call: str) -> None:
+        if self.closed:
+            raise ValueError(f"Decoder.{call}() after the decoder was closed (its `with` "
+                             f"block ended, or close() was called): make a new Decoder")
+
+    def _step_queries(self, q) -> np.ndarray:
+        """``q`` as ``(B, T_q, h_q*d)``, checked against the first queries' shape and,
+        unless the caller is the command line, against every other rank's."""
+        error, q3 = None, None
+        try:
+            q3 = _queries(q)
+            if q3.shape != self.q_shape:
+                raise ValueError(f"step(q) takes queries shaped like the first ones, "
+                                 f"{self.q_shape}, got {q3.shape}")
+        except ValueError as e:
+            error = f"rank {self.comm.rank}: {e}"
+        if self.trusted:
+            if error:
+                raise ValueError(error)
+            return q3
+        agree(self.comm, error)
+        agree_on(self.comm, dict(q=fingerprint(q3)))
+        return q3
+
     def close(self) -> None:
-        self.topo.free()
-        watchdog.disarm()
+        if not self.closed:
+            self.closed = True
+            self.topo.free()
+            watchdog.disarm()
 
     def __enter__(self) -> "Decoder":
         return self
@@ -333,39 +327,3 @@ def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm]
         output = dec.step()
         record, trace = dec.record()
     return Decoded(output, record, trace)
-
-
-def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int):
-    """``(record, trace)``: every rank's statistics on rank 0 as a :class:`RunRecord`,
-    then the record on every rank; the trace document on rank 0 when asked for.
-    ``output_nonfinite``: the NaN and inf elements of the root's outputs."""
-    rank.finish()
-    traffic = rank.traffic
-    start, stop = cfg.tokens(topo.rank)
-    source = rank.source.stats() if rank.source is not None else None
-    mine = RankStats(rank=topo.rank, host=MPI.Get_processor_name(),
-                     place=topo.place.describe(), start=start, stop=stop,
-                     kernel=rank.source.name if source else rank.kernel.name,
-                     source=source, timings=rank.recorder.timings,
-                     messages=traffic.messages, bytes=traffic.bytes,
-                     overflow=traffic.loss.overflow, m_rounding=traffic.loss.m_rounding,
-                     peak_rss_mib=rank.peak_rss_mib, scores_nonfinite=rank.scores_nonfinite,
-                     steps=rank.steps, held=rank.count)
-    watchdog.rendezvous(topo.comm, "the gathering of results")
-    stats = topo.comm.gather(mine, root=0)
-    events = (topo.comm.gather(rank.recorder.events, root=0)
-              if cfg.trace is not None else None)
-    record = trace = None
-    if topo.is_root:
-        record = RunRecord(
-            config=cfg, ranks=stats, isa=isa() if source is None else "tl",
-            kernel_note=rank.kernel_note,
-            kernel_source=None if source is None else dict(file=rank.source.path,
-                                                           function=rank.source.name),
-            output_nonfinite=output_nonfinite, mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip(),
-            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        if events is not None:
-            trace = chrome_trace(events, [s.place for s in stats])
-    with watchdog.waiting("rank 0 (the run record)"):
-        record = topo.comm.bcast(record, root=0)
-    return record, trace

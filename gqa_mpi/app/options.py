@@ -13,6 +13,7 @@ from typing import Dict, List, Literal, Optional, get_args, get_origin, get_type
 from ..core.config import Config
 
 GROUPS = {
+    "common": "the options most runs use (C x P must equal the number of MPI ranks)",
     "layout": "layout (C x P must equal the number of MPI ranks)",
     "problem": "problem (generated unless --inputs is given)",
     "algorithm": "algorithm",
@@ -58,9 +59,12 @@ def _shown(f) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = None,
-                  shown: Optional[Dict[str, object]] = None) -> None:
+                  shown: Optional[Dict[str, object]] = None,
+                  common_first: bool = False) -> None:
     """Add one option per :class:`Config` field (or per field in ``names``) to ``parser``,
-    in its group, with the field's docstring and real default as help.
+    in its group, with the field's docstring and real default as help; with
+    ``common_first``, the fields most runs use (their ``common`` metadata) come first in
+    a group of their own and the rest follow as advanced options.
 
     Options left out of the command line are absent from the namespace
     (``argparse.SUPPRESS``), so ``Config(**vars(namespace))`` takes the dataclass
@@ -74,9 +78,12 @@ def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = 
     for f in fields(Config):
         if names is not None and f.name not in names:
             continue
-        group = f.metadata["group"]
+        group = "common" if common_first and f.metadata["common"] else f.metadata["group"]
         if group not in sections:
-            sections[group] = parser.add_argument_group(GROUPS[group])
+            title = GROUPS[group]
+            if common_first and group != "common":
+                title = "advanced: " + title.split(" (")[0]
+            sections[group] = parser.add_argument_group(title)
         kind = hints[f.name]
         if get_origin(kind) is not Literal and type(None) in get_args(kind):
             kind = next(a for a in get_args(kind) if a is not type(None))

@@ -5,7 +5,6 @@ outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses
-import time
 
 from mpi4py import MPI
 
@@ -18,52 +17,8 @@ from ..exits import Exit
 from ..mpi import watchdog
 from . import outputs, report
 from .check import check_steps
+from .collective import refuse_nonfinite, wait_for_root
 from .decode import Decoder
-
-
-def wait_for_root(comm: MPI.Comm) -> None:
-    """Hold every rank until the root is done, sleeping rather than busy-polling.
-
-    MPI ranks spin while they wait; on an oversubscribed machine the spinning ranks
-    would steal the cores the root needs for its float64 check.
-    """
-    req = comm.Ibarrier()
-    if comm.rank == 0:
-        req.Wait()
-    while not req.Test():
-        time.sleep(0.005)
-
-
-def refuse_nonfinite(comm: MPI.Comm, tensors) -> None:
-    """Raise the same InputError on every rank if any rank's inputs hold NaN or inf."""
-    mine = None
-    for name, array, offset in tensors:
-        mine = mine or inputs.first_nonfinite(name, array, offset)
-    with watchdog.waiting("all ranks (input check)"):
-        found = [m for m in comm.allgather(mine) if m]
-    if found:
-        raise inputs.InputError(f"{found[0]} (pass --allow-nonfinite to accept it)")
-
-
-def new_tokens(cfg: Config, rank: int):
-    """``{step: (k_rows, v_rows)}``: the tokens ``rank`` takes after each step but the
-    last, ``(B, n, h_kv*d)`` each, drawn before the loop so that no rank generates
-    inputs between timed steps."""
-    plan = {}
-    for step in range(cfg.steps - 1):           # T_q tokens a step: linear in the steps
-        mine = [t for t in range(cfg.cache_len(step), cfg.cache_len(step + 1))
-                if cfg.owner(t) == rank]
-        if mine:
-            plan[step] = mine
-    if not plan:
-        return {}
-    lo = min(p[0] for p in plan.values())
-    hi = max(p[-1] for p in plan.values()) + 1
-    k, v = (np.asarray(inputs.GeneratedRows(cfg.seed, name, cfg.B, cfg.final_len,
-                                            cfg.heads_kv * cfg.head_dim, lo, hi))
-            for name in "kv")
-    return {step: (k[:, [t - lo for t in ts]], v[:, [t - lo for t in ts]])
-            for step, ts in plan.items()}
 
 
 def run(comm: MPI.Comm, cfg: Config) -> Exit:
@@ -80,7 +35,7 @@ def run(comm: MPI.Comm, cfg: Config) -> Exit:
     dec = Decoder.from_config(comm, cfg, q, k, v, progress.update)
     try:
         del k, v
-        future = new_tokens(cfg, comm.rank)
+        future = inputs.new_tokens(cfg, comm.rank)
         stream = (inputs.query_stream(cfg.seed, cfg.B, cfg.steps, cfg.queries,
                                       cfg.heads_q * cfg.head_dim)    # drawn before the loop
                   if cfg.steps > 1 else None)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Dict, List, Literal, Optional, Tuple, get_args, get_type_hints
 
 from .grid import Grid
+from .kernels import KERNELS
 from .partition import Placement, rank_tokens
 from .schedules import SCHEDULES, Schedule
 from .wires import WIRES, Wire
@@ -156,7 +157,7 @@ class Config:
     # ---- algorithm
     tile: int = opt(DEFAULT_TILE, "algorithm", metavar="TOKENS")
     """TILE_S_KV, tokens per tile of the local sweep"""
-    kernel: Literal["auto", "fused", "numpy"] = opt("auto", "algorithm")
+    kernel: Literal[KERNELS] = opt("auto", "algorithm")
     """local kernel: fused = the C kernel built at install (one pass per tile,
     AVX-512/AVX2/portable C picked from the CPU); numpy = the reference tile sweep on
     BLAS; auto = fused if it loads, else numpy with a note"""

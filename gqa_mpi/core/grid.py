@@ -75,13 +75,3 @@ class Grid(NamedTuple):
 
     def neighbours(self, rank: int) -> Dict[str, Optional[int]]:
         return {d: self.neighbour(rank, d) for d in DIRECTIONS}
-
-    @property
-    def chain_depth(self) -> int:
-        """Hops on the critical path of the kernel's chain.
-
-        PE ``(row, col)`` is ``col + row`` hops from PE 0, and cube ``c`` is ``c`` more,
-        so a full grid gives ``(cols-1) + (rows-1) + (C-1)`` (5 for 2 cubes of 2x4).
-        With a short last row the farthest PE may be the end of the row above it.
-        """
-        return max(sum(divmod(pe, self.cols)) for pe in range(self.pes)) + self.cubes - 1

@@ -18,6 +18,8 @@ from typing import Dict, Tuple
 
 import numpy as np
 
+from .dtypes import FLOATS
+
 GEN_BLOCK = 4096
 """Tokens per independently seeded block of generated K and V."""
 
@@ -25,7 +27,6 @@ MAX_DIM = 1 << 40
 """No dimension of an input file can be this large (1 Ti elements)."""
 
 TENSORS = ("q", "k", "v")
-DTYPES = (np.dtype(np.float16), np.dtype(np.float32))
 
 
 def generate(seed: int, tensor: str, batch: int, n_tokens: int, width: int,
@@ -161,7 +162,7 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
     for name in TENSORS:
         path = os.path.join(directory, f"{name}.npy")
         shape, dtype, fortran, _ = _header(path)
-        if dtype not in DTYPES:
+        if dtype not in FLOATS.values():
             raise InputError(f"{path}: dtype {dtype} (need float16 or float32)")
         if len(shape) not in (2, 3):
             raise InputError(f"{path}: shape {shape} (need 2-D (tokens, heads*d) "
@@ -247,3 +248,24 @@ def load_rows(directory, seed: int, batch: int, queries: int, seq_len: int,
         q = load_q(directory)
         k, v = (open_rows(directory, name, start, stop) for name in "kv")
     return q, k, v
+
+
+def new_tokens(cfg, rank: int):
+    """``{step: (k_rows, v_rows)}``: the tokens ``rank`` takes after each step but the
+    last, ``(B, n, h_kv*d)`` each, drawn before the loop so that no rank generates
+    inputs between timed steps."""
+    plan = {}
+    for step in range(cfg.steps - 1):           # T_q tokens a step: linear in the steps
+        mine = [t for t in range(cfg.cache_len(step), cfg.cache_len(step + 1))
+                if cfg.owner(t) == rank]
+        if mine:
+            plan[step] = mine
+    if not plan:
+        return {}
+    lo = min(p[0] for p in plan.values())
+    hi = max(p[-1] for p in plan.values()) + 1
+    k, v = (np.asarray(GeneratedRows(cfg.seed, name, cfg.B, cfg.final_len,
+                                            cfg.heads_kv * cfg.head_dim, lo, hi))
+            for name in "kv")
+    return {step: (k[:, [t - lo for t in ts]], v[:, [t - lo for t in ts]])
+            for step, ts in plan.items()}

@@ -30,9 +30,6 @@ class Registry(Generic[T]):
         """Accept ``name`` for the entry ``target`` (reports show the entry's name)."""
         self._aliases[name] = target
 
-    def unregister(self, name: str) -> None:
-        self._items.pop(name, None)
-
     def names(self, aliases: bool = False) -> List[str]:
         """The entries' names, in registration order (and the aliases, if asked)."""
         return list(self._items) + (list(self._aliases) if aliases else [])

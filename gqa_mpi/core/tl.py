@@ -1,25 +1,41 @@
-"""The kernel DSL's ``tl`` on NumPy, for one PE: memory, tensors and every local call.
+"""The kernel DSL's ``tl`` on NumPy, for one PE, shaped like Triton's interpreter.
 
 No MPI here: ``send``/``recv`` go to a ``link`` object the caller gives
 (:mod:`gqa_mpi.mpi.tl_link` on MPI; any object with the same two methods in tests).
-SPEC.md's last section is the contract; where the kernel's framework is silent these
+
+- :class:`Tensor` is a NumPy array and, through it, a dtype (float16, float32 or bool).
+- :class:`Backend` has one method per builtin; each is one NumPy call on whole blocks.
+  The rules live once: :func:`_align` is the row-broadcast rule of every call with
+  several operands; the dtypes are :data:`gqa_mpi.core.dtypes.DSL`'s.
+- :class:`Monitor` sits beside the ops and keeps what a kernel author is told:
+  scratch per scope and its high-water mark, the first calls that made inf or NaN
+  from finite operands, and (with a recorder) one trace span per call. A call's line
+  in the kernel's file is looked up only when a fault, a non-finite origin or a
+  trace span needs it.
+
+SPEC.md's ``tl`` table is the contract; where the kernel's framework is silent these
 are gqa_mpi's choices:
 
 - **memory**: each tensor (Q, this PE's K and V slices, O) is a float16 byte buffer at a
   base address of its own (:data:`BASE` apart, so that no overrun reaches another
   tensor); ``tl.load``/``tl.store`` must stay inside the tensor their pointer is in.
-- **tensors** (:class:`Tensor`) hold a NumPy array in float16, float32 or bool. An op
-  on float16 operands gives float16 (NumPy computes each op and rounds once); a Python
-  number keeps the tensor's dtype; mixed dtypes promote as NumPy does. ``tl.dot`` and
-  ``tl.sum`` accumulate in float32 and round once to their operands' dtype.
-- **row broadcasting**: an ``(M,)`` operand against an ``(M, N)`` one is taken as
-  ``(M, 1)`` (row ``i`` uses element ``i``), as in ``scores - m_local``.
-- **scratch**: bytes of tensors made inside ``with tl.scratch_scope():`` are live until
-  the block ends; the high-water mark of those is the rank's scratch. Tensors made
-  outside any scope are *persistent* and counted apart (a loop that forgets its scope
+  A load reads the memory as it is at the call (a later store never reaches it).
+- **arithmetic**: an op on float16 operands gives float16 (NumPy computes each op and
+  rounds once); a Python number keeps the tensor's dtype; mixed dtypes promote as
+  NumPy does. ``tl.dot`` and ``tl.sum`` accumulate in float32 and round once.
+- **row broadcasting**: an ``(M,)`` operand of a call that also has an ``(M, N)`` one
+  is taken as ``(M, 1)`` (row ``i`` uses element ``i``), as in ``scores - m_local``,
+  for every call: arithmetic, comparisons, ``maximum``/``minimum`` and ``where``.
+- **scratch**: tensors made inside ``with tl.scratch_scope():`` are released when the
+  block ends; using one afterwards is a fault that names both lines. Tensors made
+  outside any scope are *persistent*, counted apart (a loop that forgets its scope
   shows there, growing with the slice).
+- **messages**: ``tl.send`` sends the values ``src`` has at the call; a later write to
+  ``src`` does not reach the message.
+- **extension**: ``tl.local_tokens()``, the token rows of this PE's K slice (the one
+  call SPEC does not list; see its docstring).
 - **faults** (:class:`KernelFault`) name the call and the kernel file's line; the
-  runner adds the rank. Every op is one NumPy call on whole blocks.
+  runner adds the rank.
 """
 from __future__ import annotations
 
@@ -31,10 +47,16 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-DTYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
-NAMES = {v: k for k, v in DTYPES.items()}
+from .dtypes import DSL, DSL_NAMES
+
 BASE = 1 << 40
 """Distance between the base addresses of two tensors in a PE's memory."""
+MAX_NONFINITE = 5
+"""Non-finite origins kept per PE."""
+NUMBERS = (bool, int, float, np.integer, np.floating)
+MAKES_NONFINITE = frozenset(("+", "-", "*", "/", "exp", "log", "dot", "sum", "cast"))
+"""The calls that can make inf or NaN from finite operands (an overflow, a log of 0, a
+cast to float16); the results of the others (max, where, slices, ...) are not scanned."""
 
 
 class KernelFault(Exception):
@@ -45,37 +67,71 @@ class KernelFault(Exception):
         self.call, self.message, self.line = call, message, line
 
 
-def dtype_of(name) -> np.dtype:
+def dtype_of(name, call: str = "dtype") -> np.dtype:
     """``"f16"``/``"f32"`` (or a NumPy float dtype) -> the NumPy dtype."""
-    if isinstance(name, str) and name in DTYPES:
-        return DTYPES[name]
+    if isinstance(name, str) and name in DSL:
+        return DSL[name]
     try:
         dt = np.dtype(name)
     except TypeError:
         dt = None
-    if dt not in NAMES:
-        raise KernelFault("dtype", f"dtype must be 'f16' or 'f32', got {name!r}")
+    if dt not in DSL_NAMES:
+        raise KernelFault(call, f"tl.{call}: dtype must be 'f16' or 'f32', got {name!r}")
     return dt
 
 
-def _shape(shape) -> Tuple[int, ...]:
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    if not all(isinstance(s, (int, np.integer)) and s >= 0 for s in shape):
-        raise KernelFault("shape", f"a shape is non-negative integers, got {shape!r}")
+def _shape(shape, call: str) -> Tuple[int, ...]:
+    shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
+    try:
+        shape = tuple(shape)
+    except TypeError:
+        shape = (shape,)
+    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0
+               for s in shape):
+        raise KernelFault(call, f"tl.{call}: a shape is non-negative integers, got "
+                                f"{shape!r}")
     return tuple(int(s) for s in shape)
+
+
+def _align(*arrays):
+    """The row-broadcast rule, for every call: with some ``(M, N)`` operand, every
+    ``(M,)`` operand is taken as ``(M, 1)``; numbers and other shapes are left as
+    NumPy broadcasts them."""
+    rows = next((x.shape[0] for x in arrays if isinstance(x, np.ndarray) and x.ndim == 2),
+                None)
+    if rows is None:
+        return arrays
+    return tuple(x[:, None] if isinstance(x, np.ndarray) and x.ndim == 1 and len(x) == rows
+                 else x for x in arrays)
+
+
+def _bad_count(a: np.ndarray) -> int:
+    """Elements of a float array that are inf or NaN (float16 by its exponent bits)."""
+    if a.dtype == np.float16:
+        return int(np.count_nonzero((a.view(np.uint16) & 0x7C00) == 0x7C00))
+    return a.size - int(np.count_nonzero(np.isfinite(a)))
+
+
+class Scope:
+    """One ``with tl.scratch_scope():`` block: its line, its live bytes, whether it ended."""
+
+    __slots__ = ("line", "live", "ended")
+
+    def __init__(self, line: Optional[int]):
+        self.line, self.live, self.ended = line, 0, False
 
 
 class Tensor:
     """A block of values with a dtype (float16, float32 or bool), as the kernel sees it."""
 
-    __slots__ = ("a", "tl", "__weakref__")
+    __slots__ = ("a", "tl", "scope", "__weakref__")
 
     def __init__(self, a: np.ndarray, tl: "Backend"):
         self.a, self.tl = a, tl
-        tl._made(a.nbytes)
+        self.scope = tl.monitor.made(a.nbytes)
 
     shape = property(lambda self: self.a.shape)
-    dtype = property(lambda self: NAMES.get(self.a.dtype, str(self.a.dtype)))
+    dtype = property(lambda self: DSL_NAMES.get(self.a.dtype, str(self.a.dtype)))
     ndim = property(lambda self: self.a.ndim)
 
     def __repr__(self):
@@ -85,11 +141,27 @@ class Tensor:
         return len(self.a)
 
     def __getitem__(self, index):
-        return self.tl._op("[]", lambda: np.array(self.a[index]), self)
+        return self.tl._op("[]", lambda a: np.array(a[index]), self)
+
+    def __iter__(self):
+        raise self.tl.fault("iter", "a tensor cannot be iterated inside a kernel (index "
+                                    "it with slices, or use tl calls on the whole block)")
+
+    def __array__(self, dtype=None, copy=None):
+        raise self.tl.fault("array", "a tensor cannot be passed to NumPy inside a kernel "
+                                     "(use the tl call: tl.exp, tl.sum, ...)")
+
+    def __bool__(self):
+        raise self.tl.fault("bool", "a tensor has no truth value inside a kernel (compare "
+                                    "with tl.where, or use Python numbers for control flow)")
+
+    def __float__(self):
+        raise self.tl.fault("float", "a tensor is not a Python number inside a kernel")
+
+    __int__ = __index__ = __float__
 
     def _bin(self, other, fn, name, swap=False):
-        return self.tl._binary(name, fn, other, self) if swap else \
-            self.tl._binary(name, fn, self, other)
+        return self.tl._op(name, fn, other, self) if swap else self.tl._op(name, fn, self, other)
 
     __add__ = lambda s, o: s._bin(o, np.add, "+")                    # noqa: E731
     __radd__ = lambda s, o: s._bin(o, np.add, "+", True)             # noqa: E731
@@ -108,11 +180,7 @@ class Tensor:
     __hash__ = object.__hash__
 
     def __neg__(self):
-        return self.tl._op("-", lambda: np.negative(self.a), self)
-
-    def __bool__(self):
-        raise KernelFault("bool", "a tensor has no truth value inside a kernel (compare "
-                                  "with tl.where, or use Python numbers for control flow)")
+        return self.tl._op("-", np.negative, self)
 
 
 @dataclass
@@ -129,6 +197,8 @@ class Region:
     """Global index of its first row (K and V slices)."""
     read: List[Tuple[int, int]] = field(default_factory=list)
     """Byte ranges loaded, merged at the end."""
+    lent: bool = False
+    """A load handed out a view of ``data``: a store copies it first."""
 
     @property
     def size(self) -> int:
@@ -175,12 +245,76 @@ class Counters:
             for d, (n, b) in theirs.items():
                 t = mine.setdefault(d, [0, 0])
                 t[0], t[1] = t[0] + n, t[1] + b
+        seen = {x[:2] for x in self.nonfinite}
         self.nonfinite = (self.nonfinite + [x for x in other.nonfinite
-                                            if x[:2] not in {y[:2] for y in self.nonfinite}]
-                          )[:MAX_NONFINITE]
+                                            if x[:2] not in seen])[:MAX_NONFINITE]
 
 
-MAX_NONFINITE = 5
+class Monitor:
+    """What the backend keeps beside its ops (see the module doc): the counters, the
+    scratch scopes, the non-finite origins, the kernel file's lines and trace spans."""
+
+    def __init__(self, source: Optional[str], recorder=None):
+        self.source = source
+        self.count = Counters()
+        self.scopes: List[Scope] = []
+        self.live = 0
+        self.rec = recorder if recorder is not None and recorder.events is not None else None
+
+    def line(self) -> Optional[int]:
+        """The kernel file's line of the call under way (its innermost frame there)."""
+        f = sys._getframe(1)
+        while f is not None:
+            if self.source is not None and f.f_code.co_filename == self.source:
+                return f.f_lineno
+            f = f.f_back
+        return None
+
+    def made(self, nbytes: int) -> Optional[Scope]:
+        """A tensor of ``nbytes`` was made: its scope (None: persistent)."""
+        self.count.calls += 1
+        if not self.scopes:
+            self.count.persistent += nbytes
+            return None
+        scope = self.scopes[-1]
+        scope.live += nbytes
+        self.live += nbytes
+        if self.live > self.count.scratch_peak:
+            self.count.scratch_peak = self.live
+            if self.rec is not None:
+                self.rec.counter("scratch", self.live)
+        return scope
+
+    def enter(self) -> Scope:
+        scope = Scope(self.line())
+        self.scopes.append(scope)
+        return scope
+
+    def leave(self, scope: Scope) -> None:
+        self.scopes.remove(scope)
+        scope.ended = True
+        self.live -= scope.live
+        if self.rec is not None:
+            self.rec.counter("scratch", self.live)
+
+    def result(self, call: str, out: np.ndarray, operands) -> None:
+        """Note ``call`` if it made inf or NaN from finite operands (the result is
+        scanned; the operands only when it holds some)."""
+        if (call not in MAKES_NONFINITE or out.dtype.kind != "f"
+                or len(self.count.nonfinite) >= MAX_NONFINITE):
+            return
+        bad = _bad_count(out)
+        if bad and all(not _bad_count(x) for x in operands
+                       if isinstance(x, np.ndarray) and x.dtype.kind == "f"):
+            self.count.nonfinite.append((call, self.line(), bad))
+
+    @contextmanager
+    def span(self, name: str, **args):
+        """One trace span of a call, with its line (only when tracing)."""
+        t0 = time.perf_counter()
+        yield
+        self.rec.span_at(f"tl.{name}", "tl", t0, time.perf_counter(),
+                         dict(args, line=self.line()))
 
 
 class Backend:
@@ -193,7 +327,8 @@ class Backend:
     regions : list of (name, float16 array, row_bytes, first_row)
         The PE's memory in order (Q, K, V, O); ``pointer(name)`` is each base.
     link : object, optional
-        ``send(direction, array)`` and ``recv(direction, nbytes) -> bytes``.
+        ``send(direction, array, line)`` and ``recv(direction, nbytes, line, what) ->
+        bytes``; ``line`` is a function giving the kernel file's line of the call.
     source : str, optional
         The kernel file, whose lines faults and trace spans name.
     recorder : Recorder, optional
@@ -207,10 +342,12 @@ class Backend:
         for i, (name, data, row_bytes, first_row) in enumerate(regions):
             data = np.ascontiguousarray(data, dtype=np.float16)
             self.regions.append(Region(name, (i + 1) * BASE, data, row_bytes, first_row))
-        self.count = Counters()
-        self._scopes: List[int] = []
-        self._live = 0
-        self.rec = recorder if recorder is not None and recorder.events is not None else None
+        self.monitor = Monitor(source, recorder)
+        self.count = self.monitor.count
+
+    @property
+    def _live(self) -> int:
+        return self.monitor.live
 
     # ---- bookkeeping
     def pointer(self, name: str) -> int:
@@ -219,114 +356,66 @@ class Backend:
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
 
-    def line(self) -> Optional[int]:
-        """The kernel file's line that made the current call (innermost frame in it)."""
-        f = sys._getframe(1)
-        while f is not None:
-            if self.source is not None and f.f_code.co_filename == self.source:
-                return f.f_lineno
-            f = f.f_back
-        return None
+    def fault(self, call: str, message: str) -> KernelFault:
+        """A fault of ``call`` at the kernel's line under way."""
+        return KernelFault(call, message, self.monitor.line())
 
-    def _made(self, nbytes: int) -> None:
-        self.count.calls += 1
-        if self._scopes:
-            self._scopes[-1] += nbytes
-            self._live += nbytes
-            if self._live > self.count.scratch_peak:
-                self.count.scratch_peak = self._live
-                if self.rec is not None:
-                    self.rec.counter("scratch", self._live)
-        else:
-            self.count.persistent += nbytes
-
-    @contextmanager
-    def scratch_scope(self):
-        """Tensors made inside are scratch, released when the block ends."""
-        self._scopes.append(0)
-        try:
-            yield
-        finally:
-            self._live -= self._scopes.pop()
-            if self.rec is not None:
-                self.rec.counter("scratch", self._live)
-
-    @contextmanager
-    def _call(self, name: str, **args):
-        """Trace one call as a span, with its line (only when tracing)."""
-        if self.rec is None:
-            yield
-            return
-        t0 = time.perf_counter()
-        yield
-        self.rec.span_at(f"tl.{name}", "tl", t0, time.perf_counter(),
-                         dict(args, line=self.line()))
-
-    def _tensor(self, a: np.ndarray, call: str, inputs=()) -> Tensor:
-        if a.dtype.kind == "f" and len(self.count.nonfinite) < MAX_NONFINITE:
-            bad = a.size - int(np.count_nonzero(np.isfinite(a)))
-            if bad and all(np.isfinite(x.a).all() for x in inputs
-                           if isinstance(x, Tensor) and x.a.dtype.kind == "f"):
-                self.count.nonfinite.append((call, self.line(), bad))
-        return Tensor(a, self)
-
-    def _operand(self, x, call: str) -> np.ndarray:
+    def _array(self, x, call: str):
+        """An operand as NumPy: a live tensor's array, or a Python number."""
         if isinstance(x, Tensor):
+            if x.scope is not None and x.scope.ended:
+                raise self.fault(call, f"tl.{call} uses a tensor made inside the "
+                                       f"scratch_scope at line {x.scope.line}, which has "
+                                       f"ended (its scratch was released)")
             return x.a
-        if isinstance(x, (bool, int, float, np.integer, np.floating)):
+        if isinstance(x, NUMBERS):
             return x
-        raise KernelFault(call, f"operand of {call} is a {type(x).__name__}, not a tensor "
-                                f"or a number", self.line())
+        raise self.fault(call, f"tl.{call}: an operand is a {type(x).__name__}, not a "
+                               f"tensor or a number")
 
-    def _binary(self, name: str, fn, a, b) -> Tensor:
-        x, y = self._operand(a, name), self._operand(b, name)
-        if isinstance(x, np.ndarray) and isinstance(y, np.ndarray) and x.ndim != y.ndim:
-            if x.ndim == 1 and y.ndim == 2 and len(x) == len(y):        # row broadcasting
-                x = x[:, None]
-            elif y.ndim == 1 and x.ndim == 2 and len(x) == len(y):
-                y = y[:, None]
-        with self._call(name):
-            try:
-                with np.errstate(all="ignore"):
-                    out = fn(x, y)
-            except ValueError:
-                raise KernelFault(name, f"operands of '{name}' do not broadcast: "
-                                        f"{np.shape(x)} and {np.shape(y)}", self.line()) from None
-        return self._tensor(np.asarray(out), name, (a, b))
+    def _tensor(self, out: np.ndarray, call: str, operands=()) -> Tensor:
+        self.monitor.result(call, out, operands)
+        return Tensor(out, self)
 
-    def _op(self, name: str, compute, *inputs) -> Tensor:
-        with self._call(name):
-            try:
-                with np.errstate(all="ignore"):
-                    out = compute()
-            except (ValueError, IndexError, TypeError) as e:
-                raise KernelFault(name, f"tl.{name}: {e}", self.line()) from None
-        return self._tensor(np.asarray(out), name, inputs)
+    def _op(self, name: str, fn, *operands) -> Tensor:
+        """An elementwise call: ``fn`` on the aligned operands, one NumPy call."""
+        arrays = _align(*(self._array(x, name) for x in operands))
+        try:
+            if self.monitor.rec is None:
+                out = fn(*arrays)
+            else:
+                with self.monitor.span(name):
+                    out = fn(*arrays)
+        except (ValueError, IndexError, TypeError) as e:
+            shapes = " and ".join(str(np.shape(x)) for x in arrays)
+            what = (f"operands of '{name}' do not broadcast: {shapes}"
+                    if "broadcast" in str(e) else f"tl.{name}: {e}")
+            raise self.fault(name, what) from None
+        return self._tensor(np.asarray(out), name, arrays)
 
     def _find(self, ptr, nbytes: int, call: str) -> Tuple[Region, int]:
         if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool):
-            raise KernelFault(call, f"tl.{call}: the pointer is a {type(ptr).__name__}, "
-                                    f"not an address (int)", self.line())
+            raise self.fault(call, f"tl.{call}: the pointer is a {type(ptr).__name__}, "
+                                   f"not an address (int)")
         ptr = int(ptr)
         for r in self.regions:
-            if r.base <= ptr < r.base + max(r.size, 1):
+            if r.base <= ptr <= r.base + r.size:
                 off = ptr - r.base
                 if off + nbytes > r.size:
-                    raise KernelFault(call, (
+                    raise self.fault(call, (
                         f"tl.{call} of {nbytes} bytes at {r.name}+{off} runs past the end "
-                        f"of {r.name} ({r.size} bytes) by {off + nbytes - r.size} bytes"),
-                        self.line())
+                        f"of {r.name} ({r.size} bytes) by {off + nbytes - r.size} bytes"))
                 return r, off
         near = min(self.regions, key=lambda r: abs(ptr - r.base))
-        raise KernelFault(call, f"tl.{call} at {near.name}{ptr - near.base:+d}: outside "
-                                f"every tensor of this PE's memory", self.line())
+        raise self.fault(call, f"tl.{call} at {near.name}{ptr - near.base:+d}: outside "
+                               f"every tensor of this PE's memory")
 
     # ---- the DSL
     def program_id(self, axis: int = 0) -> int:
         """This PE's index (axis 0) or its cube's (axis 1)."""
         if axis not in (0, 1):
-            raise KernelFault("program_id", f"tl.program_id: axis must be 0 (PE) or 1 "
-                                            f"(cube), got {axis!r}", self.line())
+            raise self.fault("program_id", f"tl.program_id: axis must be 0 (PE) or 1 "
+                                           f"(cube), got {axis!r}")
         return self.pe if axis == 0 else self.cube
 
     def local_tokens(self) -> int:
@@ -335,143 +424,165 @@ class Backend:
         loop's ``--placement`` the slice is not the balanced split of it."""
         return int(self.region("K").data.shape[0])
 
+    @contextmanager
+    def scratch_scope(self):
+        """Tensors made inside are scratch, released when the block ends."""
+        scope = self.monitor.enter()
+        try:
+            yield
+        finally:
+            self.monitor.leave(scope)
+
     def load(self, ptr, shape, dtype="f16") -> Tensor:
         """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``."""
-        shape, dt = _shape(shape), dtype_of(dtype)
-        n = int(np.prod(shape, dtype=np.int64))
-        r, off = self._find(ptr, n * dt.itemsize, "load")
-        with self._call("load", shape=list(shape), dtype=NAMES[dt], bytes=n * dt.itemsize):
-            a = np.array(r.data.reshape(-1).view(np.uint8)[off:off + n * dt.itemsize]).view(dt)
-            a = a.reshape(shape)
-        self.count.loaded_bytes += a.nbytes
+        shape, dt = _shape(shape, "load"), dtype_of(dtype, "load")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        r, off = self._find(ptr, nbytes, "load")
+        # a read-only view: the store that follows into this region copies it first
+        a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
+        a.flags.writeable = False
+        r.lent = True
+        if self.monitor.rec is not None:
+            self.monitor.rec.span_at("tl.load", "tl", time.perf_counter(),
+                                     time.perf_counter(), dict(
+                                         shape=list(shape), dtype=DSL_NAMES[dt],
+                                         bytes=nbytes, line=self.monitor.line()))
+        self.count.loaded_bytes += nbytes
         if r.row_bytes:
-            r.read.append((off, off + a.nbytes))
+            r.read.append((off, off + nbytes))
         return Tensor(a, self)
 
     def store(self, ptr, x: Tensor) -> None:
         """``x``'s elements, contiguous from ``ptr``, in the dtype of the tensor there."""
-        a = self._operand(x, "store")
-        a = np.asarray(a, dtype=np.float16).ravel()
+        a = np.asarray(self._array(x, "store"), dtype=np.float16).ravel()
         r, off = self._find(ptr, a.nbytes, "store")
-        with self._call("store", shape=list(np.shape(x.a if isinstance(x, Tensor) else a)),
-                        bytes=a.nbytes):
+        if r.lent:                       # loads taken before keep the values they read
+            r.data, r.lent = r.data.copy(), False
+        with self._traced("store", shape=list(np.shape(a)), bytes=a.nbytes):
             r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
         self.count.stored_bytes += a.nbytes
 
     def dot(self, a: Tensor, b: Tensor) -> Tensor:
         """``a @ b``, accumulated in float32 and rounded once to the operands' dtype."""
-        x, y = self._operand(a, "dot"), self._operand(b, "dot")
+        x, y = self._array(a, "dot"), self._array(b, "dot")
         if np.ndim(x) != 2 or np.ndim(y) != 2 or x.shape[1] != y.shape[0]:
-            raise KernelFault("dot", f"tl.dot needs (M, K) and (K, N), got {np.shape(x)} "
-                                     f"and {np.shape(y)}", self.line())
+            raise self.fault("dot", f"tl.dot needs (M, K) and (K, N), got {np.shape(x)} "
+                                    f"and {np.shape(y)}")
         out_dt = np.result_type(x.dtype, y.dtype)
-        with self._call("dot", shape=[x.shape[0], y.shape[1]], k=x.shape[1]):
+        with self._traced("dot", shape=[x.shape[0], y.shape[1]], k=x.shape[1]):
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
-            with np.errstate(over="ignore"):
-                out = out.astype(out_dt, copy=False)
+            out = out.astype(out_dt, copy=False)
         self.count.dot_flops += 2 * x.shape[0] * x.shape[1] * y.shape[1]
-        return self._tensor(out, "dot", (a, b))
+        return self._tensor(out, "dot", (x, y))
 
     def sum(self, x: Tensor, axis: int = -1) -> Tensor:
         """Sum along ``axis`` in float32, rounded once to ``x``'s dtype."""
-        a = self._operand(x, "sum")
-        return self._op("sum", lambda: np.sum(a, axis=axis, dtype=np.float32).astype(a.dtype),
-                        x)
+        return self._op("sum", lambda a: np.sum(a, axis=axis, dtype=np.float32)
+                        .astype(a.dtype), x)
 
     def max(self, x: Tensor, axis: int = -1) -> Tensor:
-        return self._op("max", lambda: np.max(self._operand(x, "max"), axis=axis), x)
+        return self._op("max", lambda a: np.max(a, axis=axis), x)
 
     def min(self, x: Tensor, axis: int = -1) -> Tensor:
-        return self._op("min", lambda: np.min(self._operand(x, "min"), axis=axis), x)
+        return self._op("min", lambda a: np.min(a, axis=axis), x)
 
     def exp(self, x: Tensor) -> Tensor:
-        return self._op("exp", lambda: np.exp(self._operand(x, "exp")), x)
+        return self._op("exp", np.exp, x)
 
     def log(self, x: Tensor) -> Tensor:
-        return self._op("log", lambda: np.log(self._operand(x, "log")), x)
+        return self._op("log", np.log, x)
 
     def maximum(self, a, b) -> Tensor:
-        return self._binary("maximum", np.maximum, a, b)
+        return self._op("maximum", np.maximum, a, b)
 
     def minimum(self, a, b) -> Tensor:
-        return self._binary("minimum", np.minimum, a, b)
+        return self._op("minimum", np.minimum, a, b)
 
     def where(self, cond, a, b) -> Tensor:
-        c = self._operand(cond, "where")
-        x, y = self._operand(a, "where"), self._operand(b, "where")
-        if isinstance(c, np.ndarray) and c.ndim == 1:
-            for other in (x, y):
-                if isinstance(other, np.ndarray) and other.ndim == 2 and len(other) == len(c):
-                    c = c[:, None]
-                    break
-        return self._op("where", lambda: np.where(c, x, y), cond, a, b)
+        return self._op("where", np.where, cond, a, b)
 
     def trans(self, x: Tensor) -> Tensor:
-        return self._op("trans", lambda: np.ascontiguousarray(self._operand(x, "trans").T), x)
+        return self._op("trans", lambda a: np.ascontiguousarray(a.T), x)
 
     def reshape(self, x: Tensor, shape) -> Tensor:
         """The same elements in row-major order, as ``shape`` (a byte-conserving reshape)."""
-        a, shape = self._operand(x, "reshape"), _shape(shape)
-        if int(np.prod(shape, dtype=np.int64)) != a.size:
-            raise KernelFault("reshape", f"tl.reshape of {a.shape} ({a.size} elements) to "
-                                         f"{shape}", self.line())
-        return self._op("reshape", lambda: a.reshape(shape).copy(), x)
+        a, shape = self._array(x, "reshape"), _shape(shape, "reshape")
+        if int(np.prod(shape, dtype=np.int64)) != np.size(a):
+            raise self.fault("reshape", f"tl.reshape of {np.shape(a)} ({np.size(a)} "
+                                        f"elements) to {shape}")
+        return self._op("reshape", lambda a: np.reshape(a, shape).copy(), x)
 
     def cast(self, x: Tensor, dtype) -> Tensor:
-        dt = dtype_of(dtype)
-        return self._op("cast", lambda: self._operand(x, "cast").astype(dt), x)
+        dt = dtype_of(dtype, "cast")
+        return self._op("cast", lambda a: np.asarray(a).astype(dt), x)
 
     def zeros(self, shape, dtype="f32") -> Tensor:
-        shape, dt = _shape(shape), dtype_of(dtype)
-        return self._op("zeros", lambda: np.zeros(shape, dt))
+        shape, dt = _shape(shape, "zeros"), dtype_of(dtype, "zeros")
+        return Tensor(np.zeros(shape, dt), self)
 
     def full(self, shape, value, dtype="f32") -> Tensor:
-        shape, dt = _shape(shape), dtype_of(dtype)
-        return self._op("full", lambda: np.full(shape, value, dt))
+        """A constant block: the value asked for, infinities included, is no origin of
+        non-finite values."""
+        shape, dt = _shape(shape, "full"), dtype_of(dtype, "full")
+        if not isinstance(value, NUMBERS):
+            raise self.fault("full", f"tl.full: the value is a {type(value).__name__}, "
+                                     f"not a number")
+        return Tensor(np.full(shape, value, dt), self)
 
     def copy_to(self, dst: Tensor, src) -> None:
         """Overwrite ``dst``'s values with ``src``'s (same shape), in ``dst``'s dtype."""
         if not isinstance(dst, Tensor):
-            raise KernelFault("copy_to", "tl.copy_to: the destination is not a tensor",
-                              self.line())
-        a = self._operand(src, "copy_to")
+            raise self.fault("copy_to", "tl.copy_to: the destination is not a tensor")
+        self._array(dst, "copy_to")
+        a = self._array(src, "copy_to")
         if np.shape(a) != dst.shape:
-            raise KernelFault("copy_to", f"tl.copy_to of {np.shape(a)} into {dst.shape}",
-                              self.line())
-        with self._call("copy_to", shape=list(dst.shape)):
+            raise self.fault("copy_to", f"tl.copy_to of {np.shape(a)} into {dst.shape}")
+        with self._traced("copy_to", shape=list(dst.shape)):
+            if not dst.a.flags.writeable:          # a loaded view: take a copy of its own
+                dst.a = np.array(dst.a)
             np.copyto(dst.a, a, casting="unsafe")
 
     def send(self, dir: str, src: Tensor) -> None:  # noqa: A002 (the kernel's keyword)
-        """``src``'s elements, in its dtype, to the neighbour in direction ``dir``."""
-        a = np.ascontiguousarray(self._operand(src, "send"))
+        """``src``'s elements as they are now, in its dtype, to the neighbour ``dir``."""
+        a = np.array(self._array(src, "send"), order="C")   # a copy: later writes stay
         self._need_link("send")
-        with self._call("send", dir=dir, shape=list(a.shape), dtype=NAMES.get(a.dtype),
-                        bytes=a.nbytes):
-            self.link.send(dir, a, self.line())
+        with self._traced("send", dir=dir, shape=list(a.shape), dtype=DSL_NAMES.get(a.dtype),
+                          bytes=a.nbytes):
+            self.link.send(dir, a, self.monitor.line)
         sent = self.count.sent.setdefault(dir, [0, 0])
         sent[0], sent[1] = sent[0] + 1, sent[1] + a.nbytes
 
     def recv(self, dir: str, shape, dtype="f16") -> Tensor:  # noqa: A002
         """The next message sent this way from ``dir``, as ``shape`` of ``dtype``."""
-        shape, dt = _shape(shape), dtype_of(dtype)
+        shape, dt = _shape(shape, "recv"), dtype_of(dtype, "recv")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         self._need_link("recv")
-        with self._call("recv", dir=dir, shape=list(shape), dtype=NAMES[dt], bytes=nbytes):
-            raw = self.link.recv(dir, nbytes, self.line(),
-                                 f"shape {shape} {NAMES[dt]}")
+        with self._traced("recv", dir=dir, shape=list(shape), dtype=DSL_NAMES[dt],
+                          bytes=nbytes):
+            raw = self.link.recv(dir, nbytes, self.monitor.line,
+                                 f"shape {shape} {DSL_NAMES[dt]}")
         got = self.count.received.setdefault(dir, [0, 0])
         got[0], got[1] = got[0] + 1, got[1] + nbytes
         return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self)
 
     def _need_link(self, call: str) -> None:
         if self.link is None:
-            raise KernelFault(call, f"tl.{call}: this PE has no links (a single-PE run)",
-                              self.line())
+            raise self.fault(call, f"tl.{call}: this PE has no links (a single-PE run)")
+
+    @contextmanager
+    def _traced(self, name: str, **args):
+        if self.monitor.rec is None:
+            yield
+        else:
+            with self.monitor.span(name, **args):
+                yield
 
 
 def run_kernel(fn, backend: Backend, T_q: int, S_kv: int, h_q: int, h_kv: int, d: int,
                C: int, P: int):
-    """Call the kernel with SPEC's signature on ``backend``'s memory."""
+    """Call the kernel with SPEC's signature on ``backend``'s memory (NumPy's warnings
+    off: inf and NaN are the kernel's values, reported by the monitor)."""
     ptr = backend.pointer
-    return fn(ptr("Q"), ptr("K"), ptr("V"), ptr("O"), T_q, S_kv, h_q, h_kv, d, C, P,
-              tl=backend)
+    with np.errstate(all="ignore"):
+        return fn(ptr("Q"), ptr("K"), ptr("V"), ptr("O"), T_q, S_kv, h_q, h_kv, d, C, P,
+                  tl=backend)

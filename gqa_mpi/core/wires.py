@@ -23,6 +23,7 @@ from typing import List, NamedTuple, Tuple
 import numpy as np
 
 from .attention import Partial
+from .dtypes import FLOATS
 from .registry import Registry
 
 Buffers = List[Tuple[str, np.ndarray]]
@@ -87,7 +88,7 @@ def from_bf16(bits: np.ndarray) -> np.ndarray:
     return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
 
 
-FORMATS = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}
+FORMATS = dict(FLOATS, bfloat16=np.dtype(np.uint16))
 """How a tensor travels: the buffer dtype of each format (bfloat16 as its bits)."""
 
 

@@ -19,7 +19,7 @@ some message was sent and never received, that is reported the same way.
 from __future__ import annotations
 
 import time
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
@@ -60,12 +60,14 @@ class Watch:
             self._outbox.append(self.comm.isend(state, dest=0, tag=STATE))
             self._outbox = [r for r in self._outbox if not r.Test()]
 
-    def waiting(self, direction: str, line: Optional[int], started: float) -> None:
-        """Called while this rank polls for a message; reports and, on rank 0, judges."""
+    def waiting(self, direction: str, line: Callable[[], Optional[int]],
+                started: float) -> None:
+        """Called while this rank polls for a message; reports and, on rank 0, judges.
+        ``line()`` gives the kernel's line of the receive (looked up for a report)."""
         now = time.monotonic()
         if now - started >= HEARTBEAT and now - self._last_beat >= HEARTBEAT:
             self._last_beat = now
-            self._tell(("wait", direction, line, self.sent, self.received))
+            self._tell(("wait", direction, line(), self.sent, self.received))
         if self.comm.rank == 0:
             self._judge()
 
@@ -141,10 +143,10 @@ class MpiLink:
         self.topo, self.watch, self.rec = topo, watch, recorder
         self.pending: List = []
 
-    def _link(self, call: str, direction: str, line: Optional[int]):
+    def _link(self, call: str, direction: str, line: Callable[[], Optional[int]]):
         if direction not in DIRECTIONS:
             raise KernelFault(call, f"tl.{call}(dir={direction!r}): not a direction (one of "
-                                    f"{', '.join(DIRECTIONS)})", line)
+                                    f"{', '.join(DIRECTIONS)})", line())
         link = self.topo.link(direction)
         if not link.exists:
             place = self.topo.place
@@ -152,10 +154,11 @@ class MpiLink:
                     else "the message would go nowhere")
             raise KernelFault(call, f"tl.{call}(dir={direction!r}): PE {place.pe} of cube "
                                     f"{place.cube} (row {place.row}, col {place.col}) has no "
-                                    f"neighbour {direction}; {what}", line)
+                                    f"neighbour {direction}; {what}", line())
         return link
 
-    def send(self, direction: str, a: np.ndarray, line: Optional[int]) -> None:
+    def send(self, direction: str, a: np.ndarray, line: Callable[[], Optional[int]]) -> None:
+        """Send ``a`` (the backend's own copy, never written again) without waiting."""
         link = self._link("send", direction, line)
         t0 = time.perf_counter()
         buf = a.view(np.uint8).ravel()
@@ -166,7 +169,8 @@ class MpiLink:
             self.rec.message("send", direction, self.topo.world_rank(direction), "tl",
                              buf.nbytes, t0, time.perf_counter(), link.comm.Get_name())
 
-    def recv(self, direction: str, nbytes: int, line: Optional[int], what: str) -> bytes:
+    def recv(self, direction: str, nbytes: int, line: Callable[[], Optional[int]],
+             what: str) -> bytes:
         link = self._link("recv", direction, line)
         t0 = time.perf_counter()
         status = MPI.Status()
@@ -180,7 +184,7 @@ class MpiLink:
         if count != nbytes:
             raise KernelFault("recv", f"tl.recv(dir={direction!r}) expects {nbytes} bytes "
                                       f"({what}), but the message sent has {count} bytes",
-                              line)
+                              line())
         buf = bytearray(count)
         link.comm.Recv(buf, source=link.rank, tag=TAG_DATA)
         self.watch.received += 1

@@ -10,7 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
-from typing import List, Optional, Sequence
+from typing import List, Sequence
 
 
 @functools.lru_cache(maxsize=None)
@@ -51,31 +51,6 @@ def mpirun_command(n: int, args: Sequence[str]) -> List[str]:
         abi = os.environ.get("MPI4PY_MPIABI", "openmpi")
         cmd += ["-x", f"MPI4PY_MPIABI={abi}", "-x", "PATH", "-x", "PYTHONPATH"]
     return cmd + list(args)
-
-
-@functools.lru_cache(maxsize=None)
-def open_mpi() -> Optional[List[str]]:
-    """A launch prefix for Open MPI beside the default MPI, or None: the system's Open
-    MPI ``mpirun`` (Debian's ``openmpi-bin``), with mpi4py told to load Open MPI
-    (``MPI4PY_MPIABI=openmpi``), where both are there. ``+ ["-n", N, ...]`` follows."""
-    for cand in ("mpirun.openmpi", "/usr/bin/mpirun"):
-        path = shutil.which(cand)
-        if path is None:
-            continue
-        try:
-            version = subprocess.run([path, "--version"], capture_output=True, text=True,
-                                     timeout=30).stdout
-            loads = subprocess.run(
-                [sys.executable, "-c", "from mpi4py import MPI; "
-                 "print(MPI.Get_library_version())"], capture_output=True, text=True,
-                timeout=60, env=dict(os.environ, MPI4PY_MPIABI="openmpi")).stdout
-        except (OSError, subprocess.SubprocessError):
-            continue
-        if "Open MPI" in version and "Open MPI" in loads:
-            root = ["--allow-run-as-root"] if os.geteuid() == 0 else []
-            return [path, *root, "--oversubscribe", "-x", "MPI4PY_MPIABI=openmpi",
-                    "-x", "PATH", "-x", "PYTHONPATH"]
-    return None
 
 
 def gqa_command(n: int, args: Sequence[str]) -> List[str]:
