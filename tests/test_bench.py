@@ -6,19 +6,30 @@ import sys
 from gqa_mpi.core.schedules import SCHEDULES
 
 
-def test_bench_quick_runs(tmp_path):
+def bench(tmp_path, *args):
     out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", "--quick", "--json", str(out),
-                           "--kernel-source", "builtin:corrected"],
+    proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", *args, "--json", str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    return proc, json.loads(out.read_text())
+
+
+def test_bench_quick_runs(tmp_path):
+    proc, rec = bench(tmp_path, "--quick")                # the default suite
     assert "fused/limit" in proc.stdout and "reduce/local" in proc.stdout
-    rec = json.loads(out.read_text())
     assert {r["tile"] for r in rec["local"]} == {256, 1024}
     assert {r["kv_dtype"] for r in rec["local"]} == {"float32", "float16"}
     assert all("error" not in r for r in rec["reduction"])
     assert {r["reduce"] for r in rec["reduction"]} == set(SCHEDULES.names())
+    proc, rec = bench(tmp_path, "step", "--quick")
     assert "step/limit" in proc.stdout and all("error" not in r for r in rec["step"])
     assert {(r["kv_dtype"], r["reduce"]) for r in rec["step"]} == {
         (t, s) for t in ("float32", "float16") for s in ("chain", "allgather")}
+    proc, rec = bench(tmp_path, "--quick", "source", "builtin:corrected")
     assert "tl/numpy" in proc.stdout and all("error" not in r for r in rec["source"])
+
+
+def test_a_bad_list_is_one_line_and_exit_2(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", "step", "--reduce", "ring"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "no schedule 'ring'" in proc.stderr, proc.stderr

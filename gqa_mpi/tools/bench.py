@@ -1,24 +1,27 @@
-"""``python -m gqa_mpi.bench``: how close one rank's attention gets to the roofline.
+"""``python -m gqa_mpi.bench [SUBCOMMAND]``: how close one rank's attention gets to the
+roofline, and what the rest of a step adds.
 
-Everything is measured in one process, in one run, on the same data, with one BLAS
-thread, and printed as a ratio to a baseline measured alongside it:
+Everything is measured in one run, on the same data, with one BLAS thread, and
+printed as a ratio to a baseline measured alongside it. One subcommand per table:
 
-- both local kernels (the fused C kernel and the NumPy reference sweep) against the
+- ``local``: both local kernels (the fused C kernel and the NumPy reference sweep) against the
   limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
   both measured here, for float32 and float16 resident K/V (each with its own read
   time); with the scratch high-water mark of the sweep (flat in S_local);
 - a naive NumPy attention (no tiling) and, when PyTorch is installed, PyTorch SDPA in
   float32 with the query groups folded into the query axis and with ``enable_gqa``,
   each as its time over ours (above 1: we are faster);
-- from real ``mpirun`` launches: reduction time against local time per schedule and
-  wire, and the start-up cost of a tiny 16-rank run against the bare imports;
-- with ``--step-ranks``: the whole decode step of real launches at 1..N ranks
+- ``reduce``, from real ``mpirun`` launches: reduction time against local time per
+  schedule and wire; ``startup``: a tiny 16-rank run against the bare imports;
+- ``step``: the whole decode step of real launches at 1..N ranks
   against the host's read limit (the K and V bytes all ranks hold over the bandwidth
   of a read probe on as many processes), for ``chain`` and ``allgather``, float32
   and float16 K/V, with what explains the gap (the slowest sweep, the skew between
   sweeps, what the reduction adds);
-- with ``--kernel-source``: a kernel's own file run through gqa_mpi's ``tl`` against
-  the NumPy sweep of the same float16 tiles, per launch.
+- ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
+  sweep of the same float16 tiles, per launch.
+
+With no subcommand it runs ``local``, ``reduce`` and ``startup`` with their defaults.
 
 Absolute times mean little on a shared or oversubscribed machine; the ratios are the
 result. Run it on idle cores.
@@ -329,7 +332,7 @@ def _sizes(text: str) -> List[int]:
 
 
 def print_tables(result: Dict) -> None:
-    local = result["local"]
+    local = result.get("local")
     if local:
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
               f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} "
@@ -408,98 +411,145 @@ def print_tables(result: Dict) -> None:
               f"{s['mpirun16_imports_s']:.2f} s (ratio {s['run_over_imports']:.2f})")
 
 
-def main(argv=None) -> int:
+SUBCOMMANDS = {
+    "local": "the local kernels over one slice against the read/flop limit, with torch",
+    "reduce": "real launches: what each schedule and wire adds to a step",
+    "step": "real launches: the whole step against the host's read limit at N ranks",
+    "source": "real launches: a kernel's own file through gqa_mpi's tl against the "
+              "NumPy sweep of the same float16 tiles",
+    "startup": "the import time and a tiny 16-rank run against bare imports",
+}
+DEFAULT = ("local", "reduce", "startup")
+"""What ``python -m gqa_mpi.bench`` with no subcommand measures."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``python -m gqa_mpi.bench [SUBCOMMAND] [options]``: one subcommand per table,
+    each with its few options."""
+    def common(suppress: bool) -> argparse.ArgumentParser:
+        # a subcommand's copy leaves out what it is not given, so that options given
+        # before the subcommand stand
+        c = argparse.ArgumentParser(add_help=False)
+        kw = dict(default=argparse.SUPPRESS) if suppress else {}
+        c.add_argument("--repeats", type=int, help="best of N (default 3)",
+                       **(kw or dict(default=3)))
+        c.add_argument("--json", metavar="FILE", help="write every number here too", **kw)
+        c.add_argument("--timeout", type=_seconds,
+                       help="per mpirun launch, seconds; a launch past it is killed and "
+                            "shown as failed (default 600)", **(kw or dict(default=600)))
+        c.add_argument("--quick", action="store_true",
+                       help="tiny sizes, to check that the benchmark runs", **kw)
+        return c
+    shape = argparse.ArgumentParser(add_help=False)
+    shape.add_argument("--heads-kv", type=int, default=8, help="h_kv (default 8)")
+    shape.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
     p = argparse.ArgumentParser(
-        prog="python -m gqa_mpi.bench", description=plain(__doc__),
+        prog="python -m gqa_mpi.bench", description=plain(__doc__), parents=[common(False)],
+        epilog="With no subcommand: " + ", ".join(DEFAULT) + " with their defaults. "
+               "'python -m gqa_mpi.bench SUBCOMMAND --help' lists its options.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", default="8K,64K,256K",
+    sub = p.add_subparsers(dest="what", metavar="SUBCOMMAND",
+                           help="; ".join(f"{k}: {v}" for k, v in SUBCOMMANDS.items()))
+    parsers = {name: sub.add_parser(name, help=text, description=text,
+                                    parents=[common(True)] + (
+                                        [shape] if name in ("local", "step") else []))
+               for name, text in SUBCOMMANDS.items()}
+    a = parsers["local"]
+    a.add_argument("--tokens", default="8K,64K,256K",
                    help="slice lengths S_local, e.g. 8K,64K (default %(default)s)")
-    p.add_argument("--tiles", default="1024", help="tile widths (default %(default)s)")
-    p.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv values (default %(default)s)")
-    p.add_argument("--heads-kv", type=int, default=8)
-    p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3, help="best of N (default 3)")
-    p.add_argument("--ranks", default="16",
-                   help="rank counts for the reduction table, e.g. 4,16; 'none' to skip "
-                        "(default %(default)s)")
-    p.add_argument("--tokens-per-rank", default="8K",
-                   help="S_kv / ranks in the reduction runs, e.g. 8K,64K (default 8K)")
-    p.add_argument("--steps", type=int, default=10,
-                   help="decode steps per reduction run; the median step is reported "
-                        "(default 10)")
-    p.add_argument("--step-ranks", default="none",
-                   help="rank counts for the table of the whole step against the host's "
-                        "read limit, e.g. 1,2,4,8,16 (default %(default)s: skipped)")
-    p.add_argument("--step-tokens", default="64K",
-                   help="tokens per rank in the step table (default %(default)s)")
-    p.add_argument("--step-groups", default="4,8",
-                   help="G values of the step table (default %(default)s)")
-    p.add_argument("--step-reduce", default="chain,allgather",
-                   help="schedules of the step table (default %(default)s)")
-    p.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
+    a.add_argument("--tiles", default="1024", help="tile widths (default %(default)s)")
+    a.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv (default %(default)s)")
+    a.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
-    p.add_argument("--kernel-source", metavar="FILE[:FUNCTION]",
-                   help="also time this kernel run through --kernel-source against the "
-                        "NumPy sweep of the same float16 tiles")
-    p.add_argument("--source-ranks", default="16",
-                   help="with --kernel-source: rank counts (default %(default)s)")
-    p.add_argument("--source-tokens", default="64K",
-                   help="with --kernel-source: tokens per rank (default %(default)s)")
-    p.add_argument("--source-group", type=int, default=8,
-                   help="with --kernel-source: G, query heads of the one KV head (default 8)")
-    p.add_argument("--no-startup", action="store_true", help="skip the start-up timing")
-    p.add_argument("--quick", action="store_true",
-                   help="tiny sizes, to check that the benchmark runs")
-    p.add_argument("--json", metavar="FILE", help="write every number here too")
-    p.add_argument("--timeout", type=_seconds, default=600,
-                   help="per mpirun launch, seconds; a launch past it is killed and shown "
-                        "as failed (default %(default)s)")
+    a = parsers["reduce"]
+    a.add_argument("--ranks", default="16", help="rank counts, e.g. 4,16 (default %(default)s)")
+    a.add_argument("--tokens-per-rank", default="8K",
+                   help="S_kv / ranks, e.g. 8K,64K (default %(default)s)")
+    a.add_argument("--steps", type=int, default=10,
+                   help="decode steps per run; the median step is reported (default 10)")
+    a = parsers["step"]
+    a.add_argument("--ranks", default="1,2,4,8,16",
+                   help="rank counts (default %(default)s)")
+    a.add_argument("--tokens-per-rank", default="64K", help="(default %(default)s)")
+    a.add_argument("--groups", default="4,8", help="G values (default %(default)s)")
+    a.add_argument("--reduce", default="chain,allgather",
+                   help="schedules (default %(default)s)")
+    a.add_argument("--steps", type=int, default=10,
+                   help="decode steps per run (default %(default)s)")
+    a = parsers["source"]
+    a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
+                   help="the kernel's file, as --kernel-source takes it")
+    a.add_argument("--ranks", default="16", help="rank counts (default %(default)s)")
+    a.add_argument("--tokens-per-rank", default="64K", help="(default %(default)s)")
+    a.add_argument("--group", type=int, default=8,
+                   help="G, query heads of the one KV head (default 8)")
+    a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
+    return p
+
+
+QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
+             reduce=dict(ranks="2", tokens_per_rank="256", steps=1),
+             step=dict(ranks="2", tokens_per_rank="1K", groups="4", steps=1),
+             source=dict(ranks="1", tokens_per_rank="1K"))
+"""``--quick``: tiny sizes, one repeat."""
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
-    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    whats = DEFAULT if args.what is None else (args.what,)
     if args.quick:
-        args.tokens, args.tiles, args.groups, args.repeats = "1K,2K", "256,1024", "1,8", 1
-        args.ranks, args.tokens_per_rank, args.no_startup, args.steps = "2", "256", True, 1
-        args.source_ranks, args.source_tokens = "1", "1K"
-        args.step_ranks, args.step_tokens, args.step_groups = "2", "1K", "4"
-    try:
-        tokens, tiles, groups = _sizes(args.tokens), _sizes(args.tiles), _sizes(args.groups)
-        ranks = [] if args.ranks == "none" else _sizes(args.ranks)
-        step_ranks = [] if args.step_ranks == "none" else _sizes(args.step_ranks)
-        step_tokens, step_groups = _sizes(args.step_tokens)[0], _sizes(args.step_groups)
-    except ValueError as e:
-        p.error(f"bad list: {e}")
-    step_reduce = args.step_reduce.split(",")
-    for name in step_reduce:
-        if name not in SCHEDULES.names():
-            p.error(f"--step-reduce: no schedule {name!r} (one of "
-                    f"{', '.join(SCHEDULES.names())})")
-    result = dict(h_kv=args.heads_kv, d=args.head_dim, blas_threads=1, isa=kernels.isa())
-    result["local"] = local_table(tokens, tiles, groups, args.heads_kv, args.head_dim,
-                                  args.repeats, int(args.torch_gqa_limit_gib * 2 ** 30))
-    if cores is not None:       # PyTorch's import may pin this process to one core; the
-        os.sched_setaffinity(0, cores)      # launches below inherit the affinity
-    result["reduction"] = reduction_table(ranks, _sizes(args.tokens_per_rank), args.steps,
-                                          args.timeout, every_wire=not args.quick)
-    result["step_tokens"] = step_tokens
-    result["step"] = step_table(step_ranks, step_tokens, step_groups, ["float32", "float16"],
-                                step_reduce, args.heads_kv, args.head_dim, args.steps,
-                                args.repeats, args.timeout)
-    if args.kernel_source:
-        result["source_file"] = args.kernel_source
-        result["source"] = source_table(args.kernel_source, _sizes(args.source_ranks),
-                                        _sizes(args.source_tokens)[0], args.source_group,
-                                        args.head_dim, args.repeats, args.timeout)
-    result["startup"] = None
-    if not args.no_startup:
+        args.repeats = 1
+        if args.what is None:
+            whats = ("local", "reduce")       # start-up takes 16-rank launches
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
+    result = dict(blas_threads=1, isa=kernels.isa())
+    for what in whats:
+        # the default suite takes each table's defaults: parse its subcommand alone
+        mine = args if args.what is not None else p.parse_args(
+            [what] + (["--quick"] if args.quick else []) + ["--repeats", str(args.repeats),
+                                                            "--timeout", str(args.timeout)])
+        if args.quick:
+            for key, value in QUICK.get(what, {}).items():
+                setattr(mine, key, value)
         try:
-            result["startup"] = startup(args.repeats, args.timeout)
-        except subprocess.SubprocessError as e:    # a timeout or a failed launch
-            print(f"start-up not measured: {e}", file=sys.stderr)
+            _measure(what, mine, result, cores)
+        except ValueError as e:
+            p.error(f"{what}: {e}")
     print_tables(result)
     if args.json:
         write_json(args.json, result)
     return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _measure(what: str, a, result: Dict, cores) -> None:
+    """Run one table's measurements into ``result``."""
+    if what == "local":
+        result.update(h_kv=a.heads_kv, d=a.head_dim)
+        result["local"] = local_table(_sizes(a.tokens), _sizes(a.tiles), _sizes(a.groups),
+                                      a.heads_kv, a.head_dim, a.repeats,
+                                      int(a.torch_gqa_limit_gib * 2 ** 30))
+        if cores is not None:   # PyTorch's import may pin this process to one core; the
+            os.sched_setaffinity(0, cores)      # launches that follow inherit it
+    elif what == "reduce":
+        result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
+                                              a.steps, a.timeout, every_wire=not a.quick)
+    elif what == "step":
+        for name in a.reduce.split(","):
+            if name not in SCHEDULES.names():
+                raise ValueError(f"--reduce: no schedule {name!r} (one of "
+                                 f"{', '.join(SCHEDULES.names())})")
+        result.update(h_kv=a.heads_kv, d=a.head_dim, step_tokens=_sizes(a.tokens_per_rank)[0])
+        result["step"] = step_table(_sizes(a.ranks), result["step_tokens"], _sizes(a.groups),
+                                    ["float32", "float16"], a.reduce.split(","), a.heads_kv,
+                                    a.head_dim, a.steps, a.repeats, a.timeout)
+    elif what == "source":
+        result["source_file"] = a.kernel_source
+        result["source"] = source_table(a.kernel_source, _sizes(a.ranks),
+                                        _sizes(a.tokens_per_rank)[0], a.group, a.head_dim,
+                                        a.repeats, a.timeout)
+    elif what == "startup":
+        try:
+            result["startup"] = startup(a.repeats, a.timeout)
+        except subprocess.SubprocessError as e:    # a timeout or a failed launch
+            print(f"start-up not measured: {e}", file=sys.stderr)
