@@ -3,6 +3,7 @@ import argparse
 
 import pytest
 
+from gqa_mpi.core import loop
 from gqa_mpi.app.options import add_arguments
 from gqa_mpi.core.config import Config, default_topology
 
@@ -133,15 +134,15 @@ def test_bad_decode_loop(kw, words):
 
 def test_placements_and_the_growing_cache():
     cfg = Config(seq_len=10, steps=3, queries=2, placement="round-robin").placed(4)
-    assert [cfg.owner(t) for t in range(10, 16)] == [2, 3, 0, 1, 2, 3]
-    assert [cfg.appended(r) for r in range(4)] == [1, 1, 2, 2]
-    assert [cfg.appended(r, 2) for r in range(4)] == [1, 1, 1, 1]    # what is attended
-    assert (cfg.cache_len(0), cfg.cache_len(2), cfg.final_len) == (10, 14, 16)
+    assert [loop.owner(cfg, t) for t in range(10, 16)] == [2, 3, 0, 1, 2, 3]
+    assert [loop.appended(cfg, r) for r in range(4)] == [1, 1, 2, 2]
+    assert [loop.appended(cfg, r, 2) for r in range(4)] == [1, 1, 1, 1]    # what is attended
+    assert (loop.cache_len(cfg, 0), loop.cache_len(cfg, 2), loop.final_len(cfg)) == (10, 14, 16)
     contiguous = Config(seq_len=10, steps=3, queries=2).placed(4)
-    assert [contiguous.appended(r) for r in range(4)] == [0, 0, 0, 6]
+    assert [loop.appended(contiguous, r) for r in range(4)] == [0, 0, 0, 6]
     every = Config(steps=5, check_every=2)
-    assert [every.checked(s) for s in range(5)] == [False, True, False, True, True]
-    assert not Config(steps=5, check=False).checked(4)
+    assert [loop.checked(every, s) for s in range(5)] == [False, True, False, True, True]
+    assert not loop.checked(Config(steps=5, check=False), 4)
 
 
 @pytest.mark.parametrize("kw,option", [
@@ -172,5 +173,5 @@ def test_the_memory_advice_names_steps_when_the_cache_grows():
 def test_the_checked_steps_are_counted_as_the_loop_checks_them(steps, every):
     from gqa_mpi.app.sizing import checked_steps
     cfg = Config(steps=steps, check_every=every)
-    assert checked_steps(cfg) == len([s for s in range(steps) if cfg.checked(s)])
+    assert checked_steps(cfg) == len([s for s in range(steps) if loop.checked(cfg, s)])
     assert checked_steps(Config(steps=steps, check=False)) == 0

@@ -13,6 +13,7 @@ import pytest
 mpi4py = pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
+from gqa_mpi.core import loop
 from gqa_mpi import decode  # noqa: E402
 from gqa_mpi.app.cli import build_parser  # noqa: E402
 from gqa_mpi.core.config import Config  # noqa: E402
@@ -485,12 +486,12 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, model
     else:
         cfg = Config(seq_len=3001, heads_q=4, heads_kv=2, head_dim=16, queries=3, causal=True,
                      batch=2).placed(n)
-    q, k, v = inputs.load_rows(None, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
+    q, k, v = inputs.load_rows(None, cfg.seed, cfg.B, cfg.queries, loop.final_len(cfg),
                                cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
     saved = streamed.CHUNK_BYTES
     streamed.CHUNK_BYTES = chunk_bytes
     try:
-        got = references(comm, cfg, q, cfg.seq_len, n_tokens=cfg.final_len)
+        got = references(comm, cfg, q, cfg.seq_len, n_tokens=loop.final_len(cfg))
     finally:
         streamed.CHUNK_BYTES = saved
     if comm.rank == 0:
@@ -523,14 +524,14 @@ def test_the_check_sees_a_token_the_run_dropped_or_counted_twice(fault):
         return
     cfg = Config(seq_len=4000, heads_q=4, heads_kv=2, head_dim=16).placed(16)
     a, b = cfg.tokens(comm.rank)
-    q, k, v = inputs.load_rows(None, cfg.seed, 1, 1, cfg.final_len, 64, 32)
+    q, k, v = inputs.load_rows(None, cfg.seed, 1, 1, loop.final_len(cfg), 64, 32)
     k, v = np.asarray(k)[0], np.asarray(v)[0]
     rows = list(range(a, b))
     if fault != "none" and comm.rank == 7:
         rows = [a - 1] + rows[1:] if fault == "twice" else rows[:-1] + [0]
     with Decoder(q[0], k[rows], v[rows], heads_kv=2, comm=comm) as dec:
         out = dec.step()
-    refs = references(comm, cfg, q, cfg.seq_len, n_tokens=cfg.final_len)
+    refs = references(comm, cfg, q, cfg.seq_len, n_tokens=loop.final_len(cfg))
     if comm.rank == 0:
         check, _ = judge(cfg, out, 0.0, refs)
         assert check.passed == (fault == "none"), check

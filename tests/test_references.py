@@ -3,6 +3,7 @@ in-memory references, its chunk plan, and its memory, which does not grow with S
 import numpy as np
 import pytest
 
+from gqa_mpi.core import loop
 from gqa_mpi.core.config import Config
 from gqa_mpi.core.inputs import load_rows
 from gqa_mpi.core.kernel_model import (kernel_partial, kernel_rows,
@@ -159,14 +160,14 @@ def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
     from gqa_mpi.core import streamed
     cfg = Config(**kw).placed(4)
-    q, k, v = load_rows(None, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
+    q, k, v = load_rows(None, cfg.seed, cfg.B, cfg.queries, loop.final_len(cfg),
                         cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)
     k, v = (np.asarray(x)[:, :cfg.seq_len] for x in (k, v))     # the cache at step 0
     # chunks and pieces far smaller than the cache, so that many are merged
     monkeypatch.setattr(streamed, "CHUNK_BYTES", 1 << 20)
     monkeypatch.setattr(streamed, "SUB_BYTES", 1 << 18)
     held = cfg.kv_dtype == "float16"
-    got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=cfg.final_len)
+    got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=loop.final_len(cfg))
     if held:
         k, v = (x.astype(np.float16) for x in (k, v))
     if cfg.check_against == "kernel-model":

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ..core import loop
 from ..core.config import Config
 from ..core.kernel_model import kernel_output
 from ..core.progress import Progress
@@ -199,7 +200,7 @@ def check_steps(comm, cfg: Config, kept: List[tuple], m_rounding: float,
     checks = []
     if kept:
         # one stage for every checked step, counted in rank 0's chunks
-        counts = [-(-plan_size(cfg, cfg.cache_len(step)) // comm.size) for step, _, _ in kept]
+        counts = [-(-plan_size(cfg, loop.cache_len(cfg, step)) // comm.size) for step, _, _ in kept]
         total = sum(counts)
         progress.stage("check", "chunks on rank 0" + (f", {len(kept)} steps" if len(kept) > 1
                                                       else ""))
@@ -207,7 +208,7 @@ def check_steps(comm, cfg: Config, kept: List[tuple], m_rounding: float,
             watchdog.phase(f"check of step {step}")
             if cfg.kernel_source is not None:    # what the kernel's float16 memory holds
                 q_step = float16_values(q_step)
-            refs = references(comm, cfg, q_step, cfg.cache_len(step), n_tokens=cfg.final_len,
+            refs = references(comm, cfg, q_step, loop.cache_len(cfg, step), n_tokens=loop.final_len(cfg),
                               progress=lambda i, _, b=int(before): progress.update(b + i,
                                                                                    total))
             if refs is not None:

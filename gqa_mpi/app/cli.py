@@ -21,7 +21,7 @@ from ..mpi import launch_check  # noqa: E402  (before mpi4py.MPI: defers MPI_Ini
 from mpi4py import MPI  # noqa: E402
 
 from .. import __version__  # noqa: E402
-from ..core import kernel_file  # noqa: E402
+from ..core import kernel_file, loop  # noqa: E402
 from ..core.config import Config  # noqa: E402
 from ..core.inputs import InputError, inspect_inputs  # noqa: E402
 from ..core.kernels import select  # noqa: E402
@@ -202,7 +202,7 @@ def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
     host's available memory.
     """
     start, stop = cfg.tokens(comm.rank)
-    held = stop - start + cfg.appended(comm.rank, cfg.steps - 1)   # the cache grows
+    held = stop - start + loop.appended(cfg, comm.rank, cfg.steps - 1)   # the cache grows
     mine = sizing.rank_bytes(cfg, held, comm.rank == 0)
     watchdog.rendezvous(comm, "the memory estimate")
     return _memory_verdict(comm, cfg, cfg.max_memory, mine)

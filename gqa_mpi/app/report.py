@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, List
 
+from ..core import loop
 from .check import CONTROL_FACTOR
 from .record import Comparison, RunRecord
 from .sizing import fmt
@@ -81,7 +82,7 @@ def _source_lines(record: RunRecord) -> List[str]:
     values first became non-finite, its scratch, bytes, flops and messages."""
     c, ks = record.config, record.kernel_source
     every = [r.source for r in record.ranks]
-    S = c.cache_len(c.steps - 1)
+    S = loop.cache_len(c, c.steps - 1)
     k_read = sum(s["k_rows"] for s in every)
     v_read = sum(s["v_rows"] for s in every)
     per_rank = [s["k_rows"] for s in every]

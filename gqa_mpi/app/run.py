@@ -10,6 +10,7 @@ from mpi4py import MPI
 
 import numpy as np
 
+from ..core import loop
 from ..core import inputs
 from ..core.config import Config
 from ..core.progress import Progress
@@ -25,7 +26,7 @@ def run(comm: MPI.Comm, cfg: Config) -> Exit:
     """Run the decode steps; return the exit code (:class:`~gqa_mpi.exits.Exit`)."""
     progress = Progress(enabled=comm.rank == 0 and not cfg.quiet)
     start, stop = cfg.tokens(comm.rank)
-    q, k, v = inputs.load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, cfg.final_len,
+    q, k, v = inputs.load_rows(cfg.inputs, cfg.seed, cfg.B, cfg.queries, loop.final_len(cfg),
                                cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim,
                                start, stop)
     if cfg.inputs is not None and not cfg.allow_nonfinite:
@@ -35,7 +36,7 @@ def run(comm: MPI.Comm, cfg: Config) -> Exit:
     dec = Decoder.from_config(comm, cfg, q, k, v, progress.update)
     try:
         del k, v
-        future = inputs.new_tokens(cfg, comm.rank)
+        future = loop.new_tokens(cfg, comm.rank)
         stream = (inputs.query_stream(cfg.seed, cfg.B, cfg.steps, cfg.queries,
                                       cfg.heads_q * cfg.head_dim)    # drawn before the loop
                   if cfg.steps > 1 else None)
@@ -45,7 +46,7 @@ def run(comm: MPI.Comm, cfg: Config) -> Exit:
             # step 0 takes the run's Q (generated, or q.npy)
             q_step = inputs.step_queries(stream, step, cfg.queries) if step else q
             output = dec.step(None if step == 0 else q_step)
-            if cfg.checked(step):
+            if loop.checked(cfg, step):
                 kept.append((step, output, q_step))
             if step < cfg.steps - 1:
                 dec.append(*future.pop(step, (empty, empty)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from ..core import loop
 from ..core.inputs import GEN_BLOCK
 from ..core.kernels import CHUNK
 from ..core.streamed import SUB_BYTES, chunk_tokens, modelled
@@ -110,7 +111,7 @@ def advice(cfg) -> str:
     hints = []
     if cfg.steps > 1:
         hints.append(f"fewer --steps (the cache grows by {cfg.queries} token(s) a step, "
-                     f"to {cfg.final_len})")
+                     f"to {loop.final_len(cfg)})")
         if cfg.check:
             hints.append("a larger --check-every (rank 0 keeps each checked step's "
                          "output until the loop ends)")

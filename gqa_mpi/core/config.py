@@ -381,30 +381,6 @@ class Config:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""
         return rank_tokens(self.seq_len, self.n_ranks, rank, self.split)
 
-    def owner(self, token: int) -> int:
-        """The rank that takes new token ``token`` (a global index) of the cache."""
-        return self.placement.owner(token, self.n_ranks)
-
-    def cache_len(self, step: int) -> int:
-        """Tokens in the cache that step ``step`` (from 0) attends to."""
-        return self.seq_len + step * self.queries
-
-    @property
-    def final_len(self) -> int:
-        """Tokens in the cache after the last step's append."""
-        return self.cache_len(self.steps)
-
-    def appended(self, rank: int, steps: Optional[int] = None) -> int:
-        """New tokens ``rank`` takes in the appends after the first ``steps`` steps
-        (all of them by default)."""
-        stop = self.cache_len(self.steps if steps is None else steps)
-        return self.placement.taken(rank, self.n_ranks, self.seq_len, stop)
-
-    def checked(self, step: int) -> bool:
-        """Whether step ``step`` is checked (every ``check_every``-th, and the last)."""
-        return self.check and (step % self.check_every == self.check_every - 1
-                               or step == self.steps - 1)
-
     # ---- serialisation
     def to_json(self) -> Dict:
         """Every field as JSON: each through its ``format`` (grid ``2x4``, split

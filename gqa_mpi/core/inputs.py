@@ -248,24 +248,3 @@ def load_rows(directory, seed: int, batch: int, queries: int, seq_len: int,
         q = load_q(directory)
         k, v = (open_rows(directory, name, start, stop) for name in "kv")
     return q, k, v
-
-
-def new_tokens(cfg, rank: int):
-    """``{step: (k_rows, v_rows)}``: the tokens ``rank`` takes after each step but the
-    last, ``(B, n, h_kv*d)`` each, drawn before the loop so that no rank generates
-    inputs between timed steps."""
-    plan = {}
-    for step in range(cfg.steps - 1):           # T_q tokens a step: linear in the steps
-        mine = [t for t in range(cfg.cache_len(step), cfg.cache_len(step + 1))
-                if cfg.owner(t) == rank]
-        if mine:
-            plan[step] = mine
-    if not plan:
-        return {}
-    lo = min(p[0] for p in plan.values())
-    hi = max(p[-1] for p in plan.values()) + 1
-    k, v = (np.asarray(GeneratedRows(cfg.seed, name, cfg.B, cfg.final_len,
-                                            cfg.heads_kv * cfg.head_dim, lo, hi))
-            for name in "kv")
-    return {step: (k[:, [t - lo for t in ts]], v[:, [t - lo for t in ts]])
-            for step, ts in plan.items()}

@@ -25,6 +25,7 @@ from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from ..core import loop
 from ..core.config import Config
 from ..core.attention import causal_limits, empty_partial, finalize, fold_queries, unfold_output
 from ..core.kernels import CHUNK, append, grow, make_resident, select
@@ -102,7 +103,7 @@ class Rank:
         cfg = self.cfg
         rows = {"k": k_rows, "v": v_rows}
         self.count = k_rows.shape[1]
-        room = self.count + cfg.appended(self.topo.rank, cfg.steps - 1)
+        room = self.count + loop.appended(cfg, self.topo.rank, cfg.steps - 1)
 
         def chunk(name, i, j):
             if progress is not None and name == "v":
@@ -129,12 +130,12 @@ class Rank:
 
         ``q_in`` gives this step's queries ``(B, T_q, h_q*d)``; by default those given
         to :meth:`load`. ``cache_len``: tokens in the whole cache (all ranks), for the
-        causal mask; by default the command line's ``cfg.cache_len(index)``.
+        causal mask; by default the command line's ``loop.cache_len(cfg, index)``.
         """
         cfg, topo, rec = self.cfg, self.topo, self.recorder
         rec.last.clear()
         rec.paused = index >= TRACE_STEPS    # a long loop traces its first steps only
-        total = cfg.cache_len(index) if cache_len is None else cache_len
+        total = loop.cache_len(cfg, index) if cache_len is None else cache_len
         if self.source is not None:
             if q_in is not None:
                 self.q = np.asarray(q_in, dtype=np.float16)
