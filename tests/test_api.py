@@ -10,7 +10,7 @@ import pytest
 
 from gqa_mpi.core.grid import Grid
 from gqa_mpi.core.schedules import SCHEDULES
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 from gqa_mpi.tools.launcher import mpirun_command
 from util import run_bounded, unregister
 

@@ -7,7 +7,7 @@ import pytest
 from gqa_mpi.core.attention import (empty_partial, finalize, fold_queries, local_attention,
                                merge, unfold_output)
 from gqa_mpi.core.partition import token_range
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 
 from util import distributed
 

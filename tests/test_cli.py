@@ -13,7 +13,7 @@ import pytest
 import gqa_mpi
 from gqa_mpi.app.record import RunRecord
 from gqa_mpi.core import kernels
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 
 from util import launch, random_inputs, read_json, write_inputs
 

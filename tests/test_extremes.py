@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from gqa_mpi.core.attention import merge
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 from gqa_mpi.app.record import RunRecord
 
 from util import distributed, launch, random_inputs, write_inputs

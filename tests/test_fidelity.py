@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 
 from util import launch, read_json, spec_kernel_model, write_inputs
 

@@ -6,7 +6,7 @@ import pytest
 
 from gqa_mpi.core.attention import finalize, local_attention, merge
 from gqa_mpi.core.kernel_model import kernel_output, kernel_token_range
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 
 from kernel_model_extras import kernel_operands, kernel_reference
 from util import spec_kernel_model

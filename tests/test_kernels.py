@@ -9,7 +9,7 @@ import pytest
 
 from gqa_mpi.core import kernels
 from gqa_mpi.core.attention import causal_limits, finalize, fold_queries, unfold_output
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 
 fused = pytest.importorskip("gqa_mpi._fused", reason="the fused kernel was not built")
 

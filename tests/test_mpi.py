@@ -20,7 +20,7 @@ from gqa_mpi.core.config import Config  # noqa: E402
 from gqa_mpi.core import inputs, kernels  # noqa: E402
 from gqa_mpi.core.grid import DIRECTIONS, Grid  # noqa: E402
 from gqa_mpi.core.partition import token_range  # noqa: E402
-from gqa_mpi.core.reference import attention_reference  # noqa: E402
+from whole_reference import attention_reference  # noqa: E402
 from gqa_mpi.core.attention import empty_partial, finalize  # noqa: E402
 from gqa_mpi.core.attention import merge  # noqa: E402
 from gqa_mpi.core.schedules import SCHEDULES, Collective, Schedule, Step, Traffic  # noqa: E402

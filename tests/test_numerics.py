@@ -6,7 +6,7 @@ runs); the float64 reference and the float32 control are the tests' own.
 import numpy as np
 import pytest
 
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 from gqa_mpi.app.check import compare
 
 from util import distributed, launch, run_cli, write_inputs

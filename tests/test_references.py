@@ -8,9 +8,10 @@ from gqa_mpi.core.config import Config
 from gqa_mpi.core.inputs import load_rows
 from gqa_mpi.core.kernel_model import (kernel_partial, kernel_rows,
                                        kernel_token_range, kernel_units)
-from gqa_mpi.core.reference import (attention_reference, float16_values,
-                                    reference_finish, reference_merge, reference_partial)
+from gqa_mpi.core.reference import (float16_values, reference_finish, reference_merge,
+                                    reference_partial)
 from util import spec_kernel_model
+from whole_reference import attention_reference
 
 
 def fold(parts):

@@ -113,7 +113,7 @@ def test_scratch_is_counted_per_scope_and_persistent_apart():
             del a
     assert tl.count.persistent == 1024
     assert tl.count.scratch_peak == 4096 + 2 * 1024                  # not 5x that
-    assert tl._live == 0 and np.all(keep.a == 1)
+    assert tl.monitor.live == 0 and np.all(keep.a == 1)
 
 
 def test_every_listed_call_against_numpy():
@@ -203,7 +203,7 @@ def test_kernel_files_are_loaded_by_name_or_by_the_kernel_suffix(tmp_path):
 
 
 def test_the_corrected_kernel_on_one_pe_matches_the_float64_reference():
-    from gqa_mpi.core.reference import attention_reference
+    from whole_reference import attention_reference
     rng = np.random.default_rng(5)
     T_q, S, h_q, h_kv, d = 2, 2500, 8, 2, 16
     q, k, v = (rng.standard_normal(s).astype(np.float16)

@@ -18,7 +18,7 @@ import pytest
 from gqa_mpi.tools.launcher import is_open_mpi, mpirun
 
 from util import open_mpi
-from gqa_mpi.core.reference import attention_reference
+from whole_reference import attention_reference
 
 from util import random_inputs, write_inputs
 

@@ -345,10 +345,6 @@ class Backend:
         self.monitor = Monitor(source, recorder)
         self.count = self.monitor.count
 
-    @property
-    def _live(self) -> int:
-        return self.monitor.live
-
     # ---- bookkeeping
     def pointer(self, name: str) -> int:
         return next(r.base for r in self.regions if r.name == name)

@@ -461,26 +461,25 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv (default %(default)s)")
     a.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
-    a = parsers["reduce"]
-    a.add_argument("--ranks", default="16", help="rank counts, e.g. 4,16 (default %(default)s)")
-    a.add_argument("--tokens-per-rank", default="8K",
-                   help="S_kv / ranks, e.g. 8K,64K (default %(default)s)")
-    a.add_argument("--steps", type=int, default=10,
-                   help="decode steps per run; the median step is reported (default 10)")
+    def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
+        a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
+                                                      "%(default)s)")
+        a.add_argument("--tokens-per-rank", default=tokens,
+                       help="S_kv / ranks, e.g. 8K,64K (default %(default)s)")
+        if steps:
+            a.add_argument("--steps", type=int, default=10,
+                           help="decode steps per run; the median step is reported "
+                                "(default 10)")
+    launches(parsers["reduce"], "16", "8K")
     a = parsers["step"]
-    a.add_argument("--ranks", default="1,2,4,8,16",
-                   help="rank counts (default %(default)s)")
-    a.add_argument("--tokens-per-rank", default="64K", help="(default %(default)s)")
+    launches(a, "1,2,4,8,16", "64K")
     a.add_argument("--groups", default="4,8", help="G values (default %(default)s)")
     a.add_argument("--reduce", default="chain,allgather",
                    help="schedules (default %(default)s)")
-    a.add_argument("--steps", type=int, default=10,
-                   help="decode steps per run (default %(default)s)")
     a = parsers["source"]
     a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
                    help="the kernel's file, as --kernel-source takes it")
-    a.add_argument("--ranks", default="16", help="rank counts (default %(default)s)")
-    a.add_argument("--tokens-per-rank", default="64K", help="(default %(default)s)")
+    launches(a, "16", "64K", steps=False)
     a.add_argument("--group", type=int, default=8,
                    help="G, query heads of the one KV head (default 8)")
     a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
