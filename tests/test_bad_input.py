@@ -99,6 +99,11 @@ FILE_CASES = {
 }
 
 ARG_CASES = {  # run in-process on one rank
+    **{f"source {' '.join(a)}": (["--kernel-source", "builtin:corrected", *a],
+                                 f"cannot honour {' '.join(a)} (")
+       for a in (["--reduce", "tree"], ["--wire", "fp16"], ["--tile", "512"],
+                 ["--kernel", "numpy"], ["--kv-dtype", "float32"])},
+    "retired --kernel-faithful": (["--kernel-faithful"], "run the kernel itself"),
     "cubes do not divide": (["--cubes", 3], "does not divide"),
     "C x P != ranks": (["--cubes", 2, "--pes", 2], "but 1 are running"),
     "P beyond grid": (["--cubes", 1, "--pes", 2, "--grid", "1x1"], "does not fit the 1x1"),

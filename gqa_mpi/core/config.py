@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Dict, List, Literal, Optional, Tuple, get_args, get_type_hints
 
+from .dtypes import FLOATS
 from .grid import Grid
 from .kernels import KERNELS
 from .partition import Placement, rank_tokens
@@ -90,6 +91,9 @@ def parse_size(text: str) -> int:
         raise ValueError(f"a memory size must be at least 1 byte, got {text!r}")
     return int(value)
 
+
+KV_DTYPES = tuple(FLOATS)
+"""What ``--kv-dtype`` takes: the names of :data:`gqa_mpi.core.dtypes.FLOATS`."""
 
 DEFAULT_TILE = 1024
 """TILE_S_KV of the local sweep, as in the kernel."""
@@ -161,7 +165,7 @@ class Config:
     """local kernel: fused = the C kernel built at install (one pass per tile,
     AVX-512/AVX2/portable C picked from the CPU); numpy = the reference tile sweep on
     BLAS; auto = fused if it loads, else numpy with a note"""
-    kv_dtype: Optional[Literal["float32", "float16"]] = opt(None, "algorithm", shown=(
+    kv_dtype: Optional[Literal[KV_DTYPES]] = opt(None, "algorithm", shown=(
         "float16 if k.npy is float16 or with --kernel-source, else float32"))
     """how each rank holds its K and V slice: float16 halves the bytes streamed and
     the memory held, as on the accelerator; arithmetic stays float32"""

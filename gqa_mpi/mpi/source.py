@@ -19,6 +19,7 @@ import traceback
 from typing import Dict, Optional
 
 import numpy as np
+from mpi4py import MPI
 
 from ..core.config import Config
 from ..core.kernel_file import load
@@ -96,6 +97,8 @@ class SourceStep:
         return f"{text}{type(exc).__name__}: {exc}"
 
     def _leave(self, line: str) -> None:
-        watchdog.say_and_abort(self.topo.comm, line, Exit.FAULT)
+        # the world's abort: on another communicator MPICH's launcher may report the
+        # SIGKILL of the others (exit 9) instead of the code asked for
+        watchdog.say_and_abort(MPI.COMM_WORLD, line, Exit.FAULT)
         time.sleep(60)                       # never returns: the job is ending
 

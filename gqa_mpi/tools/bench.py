@@ -51,6 +51,7 @@ from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
 from ..core.schedules import SCHEDULES  # noqa: E402
 from ..core.wires import WIRES  # noqa: E402
+from ..exits import Exit  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeats: int) -> float:
@@ -518,7 +519,7 @@ def main(argv=None) -> int:
     print_tables(result)
     if args.json:
         write_json(args.json, result)
-    return 0
+    return Exit.PASSED
 
 
 def _measure(what: str, a, result: Dict, cores) -> None:

@@ -11,6 +11,7 @@ from typing import Dict
 
 from ...app.options import add_arguments
 from ...core.config import Config, parse_grid, roles
+from ...exits import SIGNAL, Exit
 from ...app.outputs import Interrupted, check_paths
 from ...core.schedules import SCHEDULES
 from ...core.wires import WIRES
@@ -164,15 +165,15 @@ def main(argv=None) -> int:
                 raise StudyError(why)
             if args.command == "summary":
                 summarise(read_results(args.csv), sys.stdout)
-                return 0
+                return Exit.PASSED
             from .plots import plot
             out_dir = args.out_dir or os.path.dirname(os.path.abspath(args.csv))
             for path in plot(args.csv, out_dir):
                 print(path)
-            return 0
+            return Exit.PASSED
         except StudyError as e:
             print(f"gqa_mpi.study: error: {e}", file=sys.stderr)
-            return 2
+            return Exit.USAGE
     from .runner import run_study
     out = getattr(args, "out", DEFAULTS["out"])
     try:
@@ -181,9 +182,9 @@ def main(argv=None) -> int:
         return run_study(settings_, base)
     except StudyError as e:
         print(f"gqa_mpi.study: error: {e}", file=sys.stderr)
-        return 2
+        return Exit.USAGE
     except Interrupted as e:
         print(f"\ngqa_mpi.study: interrupted by {e}: the launch in flight was ended and "
               f"not recorded; finished runs are in {out}, run the same command to "
               f"resume", file=sys.stderr)
-        return 128 + e.signum
+        return SIGNAL + e.signum

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Dict, Optional
 
+from ...exits import Exit
 from ...app.outputs import Interrupted
 from ...app.record import RunRecord
 from .plan import Point, launch_command, plan, words
@@ -148,4 +149,4 @@ def run_study(args, base) -> int:
     progress.show("done")
     sys.stderr.write("\n")
     summarise(read_results(args.out), sys.stdout)
-    return 1 if failures else 0
+    return Exit.FAILED if failures else Exit.PASSED
