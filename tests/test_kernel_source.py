@@ -109,6 +109,17 @@ FAULTS = {
             if tl.program_id(axis=0) == 1:
                 tl.send(dir="intra_W", src=tl.zeros((4,), "f32"))
         """, "1 message(s) sent with tl.send were never received", ""),
+    **{name: (f"""
+        import sys
+        def quits_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 1:
+                {call}
+        """, f"{exc}", "line 5, in quits_kernel")
+       for name, call, exc in (("sys.exit", "sys.exit(3)", "SystemExit: 3"),
+                               ("exit()", "exit()", "SystemExit"),
+                               ("quit()", "quit()", "SystemExit"),
+                               ("KeyboardInterrupt", "raise KeyboardInterrupt",
+                                "KeyboardInterrupt"))},
 }
 
 
@@ -121,3 +132,79 @@ def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
     assert says in proc.stderr and where in proc.stderr
     assert "Traceback" not in proc.stderr                 # a report, never our traceback
     assert "gqa_mpi/" not in proc.stderr.split("error:", 1)[1]   # only the kernel's frames
+
+
+def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
+    """MPICH's launcher reported the SIGKILL of the other ranks (exit 9) now and then
+    when the job was aborted on another communicator than the world's."""
+    body = """
+        def dead_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 1:
+                tl.recv(dir="intra_W", shape=(4,), dtype="f32")
+        """
+    path = kernel(tmp_path, body)
+    for _ in range(3):
+        proc = launch(16, ["--kernel-source", path, "--seq-len", 1600] + SMALL, timeout=60)
+        assert proc.returncode == 5, proc.stdout + proc.stderr
+        assert "kernel deadlock" in proc.stderr
+
+
+def test_timeout_names_the_spinning_rank_not_the_ones_waiting_on_it(tmp_path):
+    body = """
+        def spin_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 1:
+                while True:
+                    pass
+            tl.recv(dir="intra_E", shape=(4,), dtype="f32")
+        """
+    proc = launch(2, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64, "--timeout",
+                      4] + SMALL, timeout=60)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "rank 1 is stuck in the kernel under test" in proc.stderr, proc.stderr
+    assert "rank 0 is stuck" not in proc.stderr      # it waits in tl.recv: not stuck
+
+
+def test_an_input_file_with_a_long_header_is_read_by_every_rank(tmp_path):
+    """A valid .npy whose header is 20-65 KB passed rank 0's check, then every rank's
+    own np.load refused it."""
+    import struct
+    rng = np.random.default_rng(0)
+    arrays = dict(q=rng.standard_normal((1, 64)), k=rng.standard_normal((100, 16)),
+                  v=rng.standard_normal((100, 16)))
+    for name, a in arrays.items():
+        a = a.astype(np.float32)
+        head = "{'descr': '<f4', 'fortran_order': False, 'shape': %r, }" % (a.shape,)
+        head += " " * (30000 - len(head) - 10 - 1) + "\n"
+        with open(tmp_path / f"{name}.npy", "wb") as f:
+            f.write(b"\x93NUMPY\x02\x00" + struct.pack("<I", len(head)) + head.encode())
+            f.write(a.tobytes())
+    proc = launch(2, ["--inputs", tmp_path, "--head-dim", 16])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def run_here(capsys, *argv):
+    from util import run_cli
+    return run_cli(capsys, *argv)
+
+
+@pytest.mark.parametrize("body,extra,words", [
+    ("def two_kernel(q, k, *, tl):\n    pass\n", [], "cannot take SPEC's arguments"),
+    (None, ["--grid", "1x8", "--pes", 1], "assumes the card's PE grid of 4 columns"),
+])
+def test_what_a_kernel_cannot_run_is_refused_at_start_up(capsys, tmp_path, body, extra, words):
+    from util import assert_refused
+    source = kernel(tmp_path, body) if body else "builtin:corrected"
+    assert_refused(*run_here(capsys, "--kernel-source", source, *extra), words)
+
+
+def test_a_kernel_files_top_level_runs_once_and_a_deliberate_inf_is_no_numerics_line(
+        capsys, tmp_path):
+    body = """
+        print("TOP LEVEL")
+        def once_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            m = tl.full((4,), float("-inf"), "f32")
+        """
+    code, out, err = run_here(capsys, "--kernel-source", kernel(tmp_path, body), "--seq-len",
+                              64, *SMALL, "--no-check")
+    assert code == 0, out + err
+    assert out.count("TOP LEVEL") == 1 and "numerics" not in out

@@ -607,3 +607,15 @@ def test_the_library_loop_refuses_a_wrong_query_on_every_rank(case):
     messages = comm.allgather(str(e.value))
     assert all(words[case] in m for m in messages), messages
     comm.Free()
+
+
+def test_the_corrected_kernel_reads_its_slice_under_any_split(tmp_path):
+    """--split gives the kernel slices that are not the balanced split of S_kv; the
+    corrected kernel learns its own from tl.local_tokens()."""
+    code, record = run_source(2, 4, tmp_path, kernel_source="builtin:corrected", seq_len=1000,
+                              split=(300, 0, 0, 200, 100, 0, 250, 150), heads_q=8, heads_kv=2,
+                              head_dim=16)
+    if record is not None:
+        assert code == 0 and record["checks"][0]["passed"], record["checks"]
+        assert [r["source"]["k_rows"] for r in record["ranks"]] == [300, 0, 0, 200, 100, 0,
+                                                                   250, 150]

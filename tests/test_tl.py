@@ -215,3 +215,79 @@ def test_the_corrected_kernel_on_one_pe_matches_the_float64_reference():
     out = tl.region("O").data.astype(np.float64)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-3
     assert tl.count.scratch_peak < 1 << 20 and tl.region("K").rows_read() == S
+
+
+class Holding:
+    """A link whose message leaves late: it keeps the array it was given, as a
+    non-blocking send holds its buffer until the receiver takes it."""
+
+    def __init__(self):
+        self.held = []
+
+    def send(self, direction, a, line):
+        self.held.append(a)
+
+    def recv(self, direction, nbytes, line, what):
+        return self.held.pop(0).tobytes()
+
+
+def test_a_send_carries_the_values_at_the_call_not_later_writes():
+    tl = backend(link=Holding())
+    x = tl.full((32768,), 1.0, "f16")                     # 64 KiB
+    tl.send(dir="intra_W", src=x)
+    tl.copy_to(x, tl.zeros((32768,), "f16"))              # written after the send
+    got = tl.recv(dir="intra_E", shape=(32768,), dtype="f16")
+    assert np.all(got.a == 1)
+
+
+def test_where_takes_the_row_broadcast_rule_for_its_values_too():
+    tl = backend()
+    s = Tensor_of(tl, np.arange(15, dtype=np.float32).reshape(3, 5))
+    m = Tensor_of(tl, np.array([2.0, 7.0, 12.0], np.float32))
+    got = tl.where(s < m, m, s).a                            # (3, 5) and (3,): no fault
+    assert np.array_equal(got, np.where(s.a < m.a[:, None], m.a[:, None], s.a))
+    sq = Tensor_of(tl, np.zeros((4, 4), np.float32))
+    r = Tensor_of(tl, np.arange(4, dtype=np.float32))
+    assert np.array_equal(tl.where(sq < 1, r, sq).a, np.repeat(r.a[:, None], 4, axis=1))
+
+
+def test_a_scratch_tensor_used_after_its_scope_is_a_fault_naming_both_lines(tmp_path):
+    fn, path = kernel_file(tmp_path, """
+        def late_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            keep = tl.zeros((4,), "f32")
+            with tl.scratch_scope():
+                tmp = tl.zeros((4,), "f32") + 1
+            tl.copy_to(keep, tmp)
+        """)
+    tl = backend(source=path)
+    with pytest.raises(KernelFault) as e:
+        run_kernel(fn, tl, 1, 4, 1, 1, 8, 1, 1)
+    assert e.value.line == 6 and e.value.call == "copy_to"
+    assert "scratch_scope at line 4, which has ended" in e.value.message
+
+
+@pytest.mark.parametrize("body,call,line", [
+    ("x = tl.load(k, shape=(S_kv / 2, h_kv * d), dtype='f16')", "load", 3),
+    ("x = tl.cast(tl.zeros((2,)), 'bf16')", "cast", 3),
+    ("x = 1 if tl.zeros((2,)) else 0", "bool", 3),
+    ("x = [a for a in tl.zeros((2,))]", "iter", 3),
+    ("import numpy\n            x = numpy.exp(tl.zeros((2,)))", "array", 4),
+    ("tl.helper = 1", "setattr", 3),
+    ("x = tl.full((2,), 'hot', 'f32')", "full", 3),
+])
+def test_every_fault_of_a_kernel_names_its_call_and_its_line(tmp_path, body, call, line):
+    fn, path = kernel_file(tmp_path, f"""
+        def bad_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            {body}
+        """)
+    with pytest.raises(KernelFault) as e:
+        run_kernel(fn, backend(source=path), 1, 4, 1, 1, 8, 1, 1)
+    assert (e.value.call, e.value.line) == (call, line), e.value.message
+
+
+def test_a_zero_length_load_at_the_end_of_a_tensor_is_no_fault_and_full_is_no_origin():
+    tl = backend()
+    end = tl.pointer("K") + tl.region("K").size
+    assert tl.load(end, (0,), "f16").shape == (0,)
+    tl.full((4,), float("-inf"), "f32")                  # a deliberate initialiser
+    assert tl.count.nonfinite == []

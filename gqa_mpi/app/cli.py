@@ -181,8 +181,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
         raise UsageError(error)
     if cfg.kernel_source is not None:
         try:
-            kernel_file.load(cfg.kernel_source)     # once per rank, kept for the run
-            error = None
+            fn, path = kernel_file.load(cfg.kernel_source)   # once per rank, kept
+            error = kernel_file.grid_problem(fn, path, cfg.grid)
         except ValueError as e:
             error = str(e)
         errors = [e for e in comm.allgather(error) if e]   # every rank loads the file

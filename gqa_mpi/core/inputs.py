@@ -190,18 +190,24 @@ def inspect_inputs(directory: str, head_dim: int) -> Dict[str, int]:
                 kv_dtype=dtypes["k"].name)
 
 
+def _mapped(directory: str, name: str) -> np.ndarray:
+    """``name.npy`` as a read-only memory map, ``(B, n, width)``, read through the same
+    header reader as the root's check (so any header it accepts, however long, maps)."""
+    path = os.path.join(directory, f"{name}.npy")
+    shape, dtype, fortran, offset = _header(path)
+    a = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape,
+                  order="F" if fortran else "C")
+    return a[None] if a.ndim == 2 else a
+
+
 def open_rows(directory: str, name: str, start: int, stop: int) -> np.ndarray:
     """Rows ``start:stop`` of ``name.npy`` as a read-only memory map, ``(B, n, width)``."""
-    a = np.load(os.path.join(directory, f"{name}.npy"), mmap_mode="r", allow_pickle=False)
-    if a.ndim == 2:
-        a = a[None]
-    return a[:, start:stop]
+    return _mapped(directory, name)[:, start:stop]
 
 
 def load_q(directory: str) -> np.ndarray:
     """The whole of ``q.npy`` as float32 ``(B, T_q, h_q*d)``."""
-    q = np.load(os.path.join(directory, "q.npy"), allow_pickle=False)
-    return np.asarray(q if q.ndim == 3 else q[None], dtype=np.float32)
+    return np.array(_mapped(directory, "q"), dtype=np.float32)
 
 
 def first_nonfinite(name: str, array: np.ndarray, token_offset: int = 0):

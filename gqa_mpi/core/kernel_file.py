@@ -4,6 +4,10 @@ function's signature checked before any rank calls it. No MPI here.
 ``builtin:NAME`` is ``gqa_mpi/kernels/NAME.py``. Without ``:FUNCTION`` the kernel is the
 one public function whose name ends in ``_kernel``. Its signature must take SPEC's
 arguments ``(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, *, tl)``.
+
+A kernel is taken to assume the design card's PE grid of 4 columns (``pe % 4``, as
+the reference kernel computes it); one that works out its neighbours for any
+``--grid`` says so in its file, after its definition: ``my_kernel.any_grid = True``.
 """
 from __future__ import annotations
 
@@ -88,3 +92,17 @@ def signature_problem(fn: Callable) -> Optional[str]:
     except TypeError as e:
         return f"cannot take SPEC's arguments ({e})"
     return None
+
+
+CARD_COLUMNS = 4
+"""The PE grid's columns a kernel assumes unless it declares ``any_grid``."""
+
+
+def grid_problem(fn: Callable, path: str, grid) -> Optional[str]:
+    """Why ``fn`` cannot run on a ``(rows, cols)`` PE grid, or None."""
+    rows, cols = grid
+    if cols == CARD_COLUMNS or getattr(fn, "any_grid", False):
+        return None
+    return (f"--kernel-source: {fn.__name__} ({path}) assumes the card's PE grid of "
+            f"{CARD_COLUMNS} columns, not --grid {rows}x{cols}; a kernel that takes any "
+            f"grid says so in its file with `{fn.__name__}.any_grid = True`")

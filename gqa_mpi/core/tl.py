@@ -344,6 +344,14 @@ class Backend:
             self.regions.append(Region(name, (i + 1) * BASE, data, row_bytes, first_row))
         self.monitor = Monitor(source, recorder)
         self.count = self.monitor.count
+        self._sealed = True
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_sealed", False):
+            raise self.fault("setattr", f"a kernel cannot set tl.{name}: tl is the "
+                                        f"backend's, not the kernel's (keep state in "
+                                        f"the kernel's own variables)")
+        object.__setattr__(self, name, value)
 
     # ---- bookkeeping
     def pointer(self, name: str) -> int:
@@ -355,6 +363,18 @@ class Backend:
     def fault(self, call: str, message: str) -> KernelFault:
         """A fault of ``call`` at the kernel's line under way."""
         return KernelFault(call, message, self.monitor.line())
+
+    def _sh(self, shape, call: str) -> Tuple[int, ...]:
+        try:
+            return _shape(shape, call)
+        except KernelFault as f:
+            raise self.fault(call, f.message) from None
+
+    def _dt(self, dtype, call: str) -> np.dtype:
+        try:
+            return dtype_of(dtype, call)
+        except KernelFault as f:
+            raise self.fault(call, f.message) from None
 
     def _array(self, x, call: str):
         """An operand as NumPy: a live tensor's array, or a Python number."""
@@ -431,7 +451,7 @@ class Backend:
 
     def load(self, ptr, shape, dtype="f16") -> Tensor:
         """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``."""
-        shape, dt = _shape(shape, "load"), dtype_of(dtype, "load")
+        shape, dt = self._sh(shape, "load"), self._dt(dtype, "load")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         r, off = self._find(ptr, nbytes, "load")
         # a read-only view: the store that follows into this region copies it first
@@ -502,24 +522,24 @@ class Backend:
 
     def reshape(self, x: Tensor, shape) -> Tensor:
         """The same elements in row-major order, as ``shape`` (a byte-conserving reshape)."""
-        a, shape = self._array(x, "reshape"), _shape(shape, "reshape")
+        a, shape = self._array(x, "reshape"), self._sh(shape, "reshape")
         if int(np.prod(shape, dtype=np.int64)) != np.size(a):
             raise self.fault("reshape", f"tl.reshape of {np.shape(a)} ({np.size(a)} "
                                         f"elements) to {shape}")
         return self._op("reshape", lambda a: np.reshape(a, shape).copy(), x)
 
     def cast(self, x: Tensor, dtype) -> Tensor:
-        dt = dtype_of(dtype, "cast")
+        dt = self._dt(dtype, "cast")
         return self._op("cast", lambda a: np.asarray(a).astype(dt), x)
 
     def zeros(self, shape, dtype="f32") -> Tensor:
-        shape, dt = _shape(shape, "zeros"), dtype_of(dtype, "zeros")
+        shape, dt = self._sh(shape, "zeros"), self._dt(dtype, "zeros")
         return Tensor(np.zeros(shape, dt), self)
 
     def full(self, shape, value, dtype="f32") -> Tensor:
         """A constant block: the value asked for, infinities included, is no origin of
         non-finite values."""
-        shape, dt = _shape(shape, "full"), dtype_of(dtype, "full")
+        shape, dt = self._sh(shape, "full"), self._dt(dtype, "full")
         if not isinstance(value, NUMBERS):
             raise self.fault("full", f"tl.full: the value is a {type(value).__name__}, "
                                      f"not a number")
@@ -550,7 +570,7 @@ class Backend:
 
     def recv(self, dir: str, shape, dtype="f16") -> Tensor:  # noqa: A002
         """The next message sent this way from ``dir``, as ``shape`` of ``dtype``."""
-        shape, dt = _shape(shape, "recv"), dtype_of(dtype, "recv")
+        shape, dt = self._sh(shape, "recv"), self._dt(dtype, "recv")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         self._need_link("recv")
         with self._traced("recv", dir=dir, shape=list(shape), dtype=DSL_NAMES[dt],

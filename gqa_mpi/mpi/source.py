@@ -22,7 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.config import Config
-from ..core.kernel_file import load
+from ..core.kernel_file import grid_problem, load
 from ..core.tl import Backend, Counters, KernelFault, run_kernel
 from ..core.trace import Recorder
 from ..exits import Exit
@@ -37,6 +37,9 @@ class SourceStep:
 
     def __init__(self, cfg: Config, topo: Topology, recorder: Recorder):
         self.fn, self.path = load(cfg.kernel_source)
+        why = grid_problem(self.fn, self.path, cfg.grid)
+        if why:
+            raise ValueError(why)
         self.cfg, self.topo, self.rec = cfg, topo, recorder
         self.total = Counters()
         self.rows_read = (0, 0)
@@ -61,6 +64,8 @@ class SourceStep:
             run_kernel(self.fn, backend, q.shape[0], cache_len, cfg.heads_q, cfg.heads_kv,
                        cfg.head_dim, cfg.cubes, cfg.pes)
         except KernelFault as fault:
+            if fault.line is None:        # raised below the backend's line lookup
+                fault.line = self._innermost(fault)
             self._leave(self._fault_line(fault))
         except BaseException as exc:  # noqa: BLE001 - the kernel's own code raised
             place = topo.place
@@ -88,6 +93,12 @@ class SourceStep:
         where = f"{self.path}:{fault.line}" if fault.line is not None else self.path
         return (f"gqa_mpi: error: kernel fault on rank {self.topo.rank} (cube {place.cube}, "
                 f"PE {place.pe}): {fault.message} (tl.{fault.call} at {where})")
+
+    def _innermost(self, exc: BaseException) -> Optional[int]:
+        """The line of the kernel's file nearest the raise, from the traceback."""
+        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
+                 if f.filename == self.path]
+        return lines[-1] if lines else None
 
     def _own_exception(self, exc: BaseException) -> str:
         """The kernel's exception with its traceback trimmed to FILE's frames."""

@@ -75,6 +75,11 @@ class Watch:
         """This rank's kernel returned: say so, then wait for rank 0's release while the
         sends ``pending`` (MPI requests) complete."""
         self._tell(("done", None, None, self.sent, self.received))
+        with watchdog.waiting("the other ranks' kernels to return"):
+            self._release(pending)
+        self.comm.Free()
+
+    def _release(self, pending) -> None:
         if self.comm.rank == 0:
             while not self._judge(final=True):
                 pending = [r for r in pending if not r.Test()]
@@ -88,7 +93,6 @@ class Watch:
                 time.sleep(0.001)
         MPI.Request.Waitall(pending)
         MPI.Request.Waitall(self._outbox)
-        self.comm.Free()
 
     def _judge(self, final: bool = False) -> bool:
         """Rank 0: read the reports; True when every rank is done and every message
@@ -175,11 +179,14 @@ class MpiLink:
         t0 = time.perf_counter()
         status = MPI.Status()
         started, pause = time.monotonic(), 0.0
-        while not link.comm.Iprobe(source=link.rank, tag=TAG_DATA, status=status):
-            self.pending = [r for r in self.pending if not r.Test()]
-            self.watch.waiting(direction, line, started)
-            pause = min(0.001, pause + 0.00005)
-            time.sleep(pause)
+        peer = self.topo.world_rank(direction)
+        # waiting, not stuck: --timeout names the rank this one waits for
+        with watchdog.waiting(f"rank {peer}'s message (tl.recv(dir={direction!r}))"):
+            while not link.comm.Iprobe(source=link.rank, tag=TAG_DATA, status=status):
+                self.pending = [r for r in self.pending if not r.Test()]
+                self.watch.waiting(direction, line, started)
+                pause = min(0.001, pause + 0.00005)
+                time.sleep(pause)
         count = status.Get_count(MPI.BYTE)
         if count != nbytes:
             raise KernelFault("recv", f"tl.recv(dir={direction!r}) expects {nbytes} bytes "
