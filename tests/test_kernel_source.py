@@ -208,3 +208,16 @@ def test_a_kernel_files_top_level_runs_once_and_a_deliberate_inf_is_no_numerics_
                               64, *SMALL, "--no-check")
     assert code == 0, out + err
     assert out.count("TOP LEVEL") == 1 and "numerics" not in out
+
+
+def test_a_fault_every_rank_hits_is_reported_once_with_the_ranks_counted(tmp_path):
+    body = """
+        def oob_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            x = tl.load(k, shape=(S_kv, h_kv * d), dtype="f16")
+        """
+    proc = launch(4, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64] + SMALL,
+                  timeout=30)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    faults = [x for x in proc.stderr.splitlines() if "kernel fault on rank" in x]
+    assert len(faults) == 1 and "kernel fault on rank 0" in faults[0], proc.stderr
+    assert "the same fault on 3 more rank(s): 1, 2, 3" in proc.stderr

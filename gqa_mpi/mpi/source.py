@@ -8,25 +8,22 @@ cache length. The step's output is O as it stands in rank 0's memory once every 
 has returned.
 
 A fault (:class:`~gqa_mpi.core.tl.KernelFault`, or any exception of the kernel's
-own, ``SystemExit`` and ``KeyboardInterrupt`` included) is one report (trimmed to
-FILE's frames) from the rank that saw it, and every rank leaves with
+own, ``SystemExit`` and ``KeyboardInterrupt`` included) is one report, each kind once
+with the ranks that hit it (:meth:`gqa_mpi.mpi.tl_link.Watch.fault`; an exception's
+traceback trimmed to FILE's frames), and every rank leaves with
 :attr:`~gqa_mpi.exits.Exit.FAULT`.
 """
 from __future__ import annotations
 
-import time
 import traceback
 from typing import Dict, Optional
 
 import numpy as np
-from mpi4py import MPI
 
 from ..core.config import Config
 from ..core.kernel_file import grid_problem, load
 from ..core.tl import Backend, Counters, KernelFault, run_kernel
 from ..core.trace import Recorder
-from ..exits import Exit
-from . import watchdog
 from .tl_link import MpiLink, Watch
 from .topology import Topology
 
@@ -66,10 +63,11 @@ class SourceStep:
         except KernelFault as fault:
             if fault.line is None:        # raised below the backend's line lookup
                 fault.line = self._innermost(fault)
-            self._leave(self._fault_line(fault))
+            watch.fault((fault.call, fault.line), self._fault_line(fault))
         except BaseException as exc:  # noqa: BLE001 - the kernel's own code raised
             place = topo.place
-            self._leave(f"gqa_mpi: error: the kernel raised on rank {topo.rank} (cube "
+            watch.fault((type(exc).__name__, self._innermost(exc)),
+                        f"gqa_mpi: error: the kernel raised on rank {topo.rank} (cube "
                         f"{place.cube}, PE {place.pe}):\n{self._own_exception(exc)}")
         backend.link.finish()
         self.total.add(backend.count)
@@ -106,10 +104,3 @@ class SourceStep:
                   if f.filename == self.path]
         text = "".join(traceback.format_list(frames))
         return f"{text}{type(exc).__name__}: {exc}"
-
-    def _leave(self, line: str) -> None:
-        # the world's abort: on another communicator MPICH's launcher may report the
-        # SIGKILL of the others (exit 9) instead of the code asked for
-        watchdog.say_and_abort(MPI.COMM_WORLD, line, Exit.FAULT)
-        time.sleep(60)                       # never returns: the job is ending
-

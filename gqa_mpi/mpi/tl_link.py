@@ -32,11 +32,15 @@ from . import watchdog
 from .topology import Topology
 
 TAG_DATA = 77
-STATE, GO = 1, 2
+STATE, GO, FAULT = 1, 2, 3
 HEARTBEAT = 0.25
 """Seconds between the reports of a waiting rank (and before its first)."""
 STABLE = 1.0
 """Seconds rank 0 sees everyone waiting, unchanged, before it calls it a deadlock."""
+COLLECT = 0.3
+"""Seconds rank 0 gathers the faults of other ranks after the first, for one report."""
+GRACE = 2.0
+"""Seconds a faulting rank leaves rank 0 to report for it; then it reports itself."""
 
 
 class Watch:
@@ -52,6 +56,47 @@ class Watch:
         self._since: Optional[float] = None
         self._signature = None
         self._outbox: List = []
+        self._faults: List[Tuple[int, tuple, str]] = []
+
+    def fault(self, key: tuple, text: str) -> None:
+        """This rank's kernel faulted: one report for the job (never returns).
+
+        ``key`` says which faults are the same (call and line). Rank 0 gathers the
+        faults that follow within :data:`COLLECT` and prints each kind once, with the
+        ranks that hit it; another rank hands its fault to rank 0 and reports it
+        itself only if rank 0 has not ended the job within :data:`GRACE` (it computes
+        and does not look)."""
+        if self.comm.rank == 0:
+            self._faults.append((0, key, text))
+            self._report_faults()
+        self.comm.isend((key, text), dest=0, tag=FAULT)
+        time.sleep(GRACE)
+        watchdog.say_and_abort(MPI.COMM_WORLD, text, Exit.FAULT)
+
+    def _read_faults(self) -> None:
+        status = MPI.Status()
+        while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=FAULT, status=status):
+            src = status.Get_source()
+            key, text = self.comm.recv(source=src, tag=FAULT)
+            self._faults.append((src, key, text))
+
+    def _report_faults(self) -> None:
+        """Rank 0: gather, print each kind of fault once with its ranks, end the job."""
+        end = time.monotonic() + COLLECT
+        while time.monotonic() < end:
+            self._read_faults()
+            time.sleep(0.005)
+        kinds: Dict[tuple, List[Tuple[int, str]]] = {}
+        for rank, key, text in sorted(self._faults):
+            kinds.setdefault(key, []).append((rank, text))
+        lines = []
+        for hits in kinds.values():
+            lines.append(hits[0][1])
+            if len(hits) > 1:
+                others = [str(r) for r, _ in hits[1:]]
+                shown = ", ".join(others[:16]) + (" ..." if len(others) > 16 else "")
+                lines.append(f"  the same fault on {len(others)} more rank(s): {shown}")
+        watchdog.say_and_abort(MPI.COMM_WORLD, "\n".join(lines), Exit.FAULT)
 
     def _tell(self, state: Tuple) -> None:
         if self.comm.rank == 0:
@@ -97,6 +142,9 @@ class Watch:
     def _judge(self, final: bool = False) -> bool:
         """Rank 0: read the reports; True when every rank is done and every message
         was received. Ends the job on a deadlock."""
+        self._read_faults()
+        if self._faults:
+            self._report_faults()
         status = MPI.Status()
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=STATE, status=status):
             src = status.Get_source()
