@@ -40,7 +40,6 @@ def test_one_given():
     (dict(check_against="kernel-model"), 1, "give --kernel-source FILE too"),
     (dict(check_against="model"), 1, "--check-against must be one of exact, kernel-model"),
     (dict(trace_tiles=True), 1, "give --trace"),
-    (dict(causal=True, queries=8, seq_len=4), 1, "the first 4 would see no key at all"),
     (dict(batch=0), 1, "--batch must be a positive"),
 ])
 def test_bad_config(kw, world, words):

@@ -97,6 +97,7 @@ def test_rows_that_see_no_key_are_zero(tmp_path):
     proc = launch(4, ["--inputs", write_inputs(tmp_path / "in", q, k, v), "--head-dim", 4,
                       "--causal", "--output", o, "--split", "2,2,1,0"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "the first 3 queries see no key, and their rows of O are zero" in proc.stdout
     got = np.load(o)
     assert np.isfinite(got).all() and not got[:3].any()
     np.testing.assert_allclose(got, attention_reference(q, k, v, h_kv=1, causal=True),

@@ -221,3 +221,14 @@ def test_a_fault_every_rank_hits_is_reported_once_with_the_ranks_counted(tmp_pat
     faults = [x for x in proc.stderr.splitlines() if "kernel fault on rank" in x]
     assert len(faults) == 1 and "kernel fault on rank 0" in faults[0], proc.stderr
     assert "the same fault on 3 more rank(s): 1, 2, 3" in proc.stderr
+
+
+def test_the_numerics_line_names_each_rank_once(capsys, tmp_path):
+    body = """
+        def hot_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            for _ in range(3):
+                x = tl.exp(tl.full((4,), 20.0, "f16"))        # e^20 > 65504, three times
+        """
+    code, out, err = run_here(capsys, "--kernel-source", kernel(tmp_path, body), "--seq-len",
+                              64, *SMALL, "--no-check")
+    assert "numerics  inf or NaN first made by tl.exp at line 4 on rank(s) 0\n" in out, out

@@ -271,7 +271,8 @@ def test_config_file_extra_and_numerics_wire_are_honoured(tmp_path):
 
 
 @pytest.mark.parametrize("damage", [dict(ranks="two"), dict(step_max="0"),
-                                    dict(seq_len="1e400"), dict(step_max="nan")])
+                                    dict(seq_len="1e400"), dict(step_max="nan"),
+                                    dict(run_id="x\x00\x00"), dict(host="h\x00")])
 def test_damaged_cells_are_damaged_rows_not_tracebacks(tmp_path, damage):
     from gqa_mpi.tools.study.results import COLUMNS, read_results
     path = tmp_path / "d.csv"

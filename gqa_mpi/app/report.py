@@ -33,6 +33,10 @@ def format_report(record: RunRecord) -> str:
                      f"{lat['p50'] * 1e3:.1f} ms, p90 {lat['p90'] * 1e3:.1f} ms, p99 "
                      f"{lat['p99'] * 1e3:.1f} ms, max {lat['max'] * 1e3:.1f} ms; tokens per "
                      f"rank at the end {held['min']}..{held['max']}")
+    blind = c.queries - c.seq_len if c.causal else 0
+    if blind > 0:
+        lines.append(f"note      --causal with T_q={c.queries} > S_kv={c.seq_len}: the first "
+                     f"{blind} queries see no key, and their rows of O are zero")
     lines += _check_lines(record)
     if record.output_nonfinite:
         why = ""

@@ -279,10 +279,6 @@ class Config:
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
                              f"{self.seq_len}; they add up to {sum(self.split)}")
-        if self.causal and self.queries > self.seq_len:
-            raise ValueError(f"--causal with T_q={self.queries} queries over S_kv="
-                             f"{self.seq_len} keys: the first {self.queries - self.seq_len} "
-                             f"would see no key at all; use at least T_q keys")
         if self.steps > 1 and self.inputs is not None:
             raise ValueError("--steps generates the tokens it appends; it cannot follow "
                              "--inputs files (run one step on them, or drop --inputs)")

@@ -45,8 +45,8 @@ def _row_ok(row: Dict) -> bool:
     """A whole row whose cells can be what they say: every column present, a known
     status, counts that are counts, and for a finished run finite, non-negative times
     with a positive step. A row that fails is damaged: skipped, and its run redone."""
-    if None in row or any(v is None for v in row.values()):
-        return False
+    if None in row or any(v is None or "\x00" in v for v in row.values()):
+        return False                     # cut short, or NUL bytes from a torn write
     if row["status"] not in STATUSES or not row["run_id"]:
         return False
     for key in COUNTS:
