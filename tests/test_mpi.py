@@ -619,3 +619,26 @@ def test_the_corrected_kernel_reads_its_slice_under_any_split(tmp_path):
         assert code == 0 and record["checks"][0]["passed"], record["checks"]
         assert [r["source"]["k_rows"] for r in record["ranks"]] == [300, 0, 0, 200, 100, 0,
                                                                    250, 150]
+
+
+def test_a_predicted_source_run_records_specs_object_and_a_predicted_trace(tmp_path):
+    trace = rank0_path(MPI.COMM_WORLD, tmp_path, "p.json")
+    code, record = run_source(2, 8, tmp_path, kernel_source="builtin:corrected", seq_len=3001,
+                              heads_q=8, heads_kv=2, head_dim=16, steps=2,
+                              placement="round-robin", predict="example-npu", trace=trace)
+    if record is not None:
+        p = record["predicted"]
+        assert code == 0 and p["profile"] == "example-npu" and p["fits_scratch"]
+        assert {"step_s", "last_pe", "pes", "critical_path", "steps_s"} <= set(p)
+        assert len(p["steps_s"]) == 2 and p["step_s"] == p["steps_s"][-1] > 0
+        assert len(p["pes"]) == 16 and max(pe["finish_s"] for pe in p["pes"]) == p["step_s"]
+        for pe in p["pes"]:
+            parts = sum(pe[k] for k in ("memory_s", "dot_s", "vector_s", "send_s", "wait_s"))
+            assert parts == pytest.approx(pe["finish_s"], rel=1e-9)
+        assert len(p["critical_path"]) == 5 and p["critical_path"][-1]["to_rank"] == 0
+        with open(trace) as f:
+            events = json.load(f)["traceEvents"]
+        predicted = [e for e in events if e.get("cat") == "predicted"]
+        assert any(e["ph"] == "X" and e["name"] == "tl.dot" for e in predicted)
+        assert sum(e["ph"] == "s" for e in predicted) == sum(
+            sum(n for n, _ in pe["source"]["received"].values()) for pe in record["ranks"]) // 2

@@ -25,6 +25,7 @@ from ..core import kernel_file, loop  # noqa: E402
 from ..core.config import Config  # noqa: E402
 from ..core.inputs import InputError, inspect_inputs  # noqa: E402
 from ..core.kernels import select  # noqa: E402
+from ..core.profile import load as load_profile  # noqa: E402
 from ..exits import SIGNAL, Exit, describe  # noqa: E402
 from ..mpi import faults, watchdog  # noqa: E402
 from . import sizing  # noqa: E402
@@ -133,6 +134,17 @@ def _root_checks(given: dict) -> tuple:
     return problem, None
 
 
+def _profile_check(cfg: Config) -> Optional[str]:
+    """Why ``--predict``'s profile cannot be used (read by the root, which replays)."""
+    if cfg.predict is None:
+        return None
+    try:
+        load_profile(cfg.predict)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _output_checks(cfg: Config) -> Optional[str]:
     """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.app.outputs`)."""
     inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
@@ -176,7 +188,8 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
     except ValueError as e:
         raise UsageError(str(e)) from None
     with watchdog.waiting("rank 0 (checking output paths)"):
-        error = comm.bcast(_output_checks(cfg) if comm.rank == 0 else None, root=0)
+        error = comm.bcast(_output_checks(cfg) or _profile_check(cfg)
+                           if comm.rank == 0 else None, root=0)
     if error:
         raise UsageError(error)
     if cfg.kernel_source is not None:

@@ -13,6 +13,8 @@ from mpi4py import MPI
 from ..core import inputs
 from ..core.config import Config
 from ..core.kernels import isa
+from ..core.predict import predict_steps, trace_events
+from ..core.profile import load as load_profile
 from ..core.trace import chrome_trace
 from ..mpi import watchdog
 from ..mpi.step import Rank
@@ -101,6 +103,8 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
     stats = topo.comm.gather(mine, root=0)
     events = (topo.comm.gather(rank.recorder.events, root=0)
               if cfg.trace is not None else None)
+    calls = (topo.comm.gather(rank.source.calls, root=0)
+             if source is not None and cfg.predict is not None else None)
     record = trace = None
     if topo.is_root:
         record = RunRecord(
@@ -110,8 +114,15 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
                                                            function=rank.source.name),
             output_nonfinite=output_nonfinite, mpi_library=MPI.Get_library_version().strip().splitlines()[0].strip(),
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        replayed = None
+        if calls is not None:
+            record.predicted, replayed = predict_steps(
+                calls, cfg.layout, load_profile(cfg.predict),
+                max(s.source["scratch_peak"] for s in stats))
         if events is not None:
             trace = chrome_trace(events, [s.place for s in stats])
+            if replayed is not None:
+                trace["traceEvents"] += trace_events(replayed)
     with watchdog.waiting("rank 0 (the run record)"):
         record = topo.comm.bcast(record, root=0)
     return record, trace

@@ -153,6 +153,11 @@ class RunRecord:
     """Why ``--kernel auto`` fell back to the NumPy sweep, if it did."""
     kernel_source: Optional[Dict[str, str]] = None
     """The kernel's own function that ran (``file``, ``function``), or None."""
+    predicted: Optional[Dict] = None
+    """With ``--predict``: SPEC's ``predicted`` object, the accelerator's time of the
+    last step (``step_s``, ``last_pe``, ``fits_scratch``, ``pes`` with each PE's
+    ``finish_s``, ``memory_s``, ``dot_s``, ``vector_s``, ``send_s``, ``wait_s``, the
+    ``critical_path``; ``steps_s`` with several steps), replayed from the tl calls."""
     output_nonfinite: int = 0
     """NaN or inf elements of O."""
     inputs_checked_finite: bool = True
@@ -260,7 +265,7 @@ class RunRecord:
                     checked_steps=self.checked_steps,
                     vs_exact=None if self.vs_exact is None else self.vs_exact.to_json(),
                     isa=self.isa, kernel_note=self.kernel_note,
-                    kernel_source=self.kernel_source,
+                    kernel_source=self.kernel_source, predicted=self.predicted,
                     output_nonfinite=self.output_nonfinite,
                     inputs_checked_finite=self.inputs_checked_finite,
                     written=self.written, ranks=[r.to_json() for r in self.ranks])

@@ -37,6 +37,8 @@ def format_report(record: RunRecord) -> str:
     if blind > 0:
         lines.append(f"note      --causal with T_q={c.queries} > S_kv={c.seq_len}: the first "
                      f"{blind} queries see no key, and their rows of O are zero")
+    if record.predicted is not None:
+        lines += _predicted_lines(record)
     lines += _check_lines(record)
     if record.output_nonfinite:
         why = ""
@@ -158,3 +160,34 @@ def _comparison(head: str, chk: Comparison, against: str) -> str:
                 f"O are NaN or inf) vs {against}: FAILED")
     return (f"{head:<9} max_abs_err={chk.max_abs_err:.3g} max_rel_err={chk.max_rel_err:.3g} "
             f"({rule}) vs {against}: {'PASSED' if chk.passed else 'FAILED'}")
+
+
+def duration(seconds: float) -> str:
+    """``12.3 us``: a time in the unit that suits it."""
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds * 1e9:.3g} ns"
+
+
+def _predicted_lines(record: RunRecord) -> List[str]:
+    """The accelerator's predicted step, its last PE's split, the critical path."""
+    p = record.predicted
+    last = next(pe for pe in p["pes"] if pe["rank"] == p["last_pe"])
+    place = record.ranks[p["last_pe"]].place
+    split = ", ".join(f"{k[:-2]} {duration(last[k])}" for k in
+                      ("memory_s", "dot_s", "vector_s", "send_s", "wait_s"))
+    steps = (f"; steps {duration(min(p['steps_s']))}..{duration(max(p['steps_s']))}"
+             if "steps_s" in p else "")
+    fits = ("fits" if p["fits_scratch"] else "DOES NOT FIT")
+    lines = [f"predicted step {duration(p['step_s'])} on {p['profile']}{steps}; last PE rank "
+             f"{p['last_pe']}, {place}: {split}; scratch {fmt(p['scratch_peak_bytes'])} "
+             f"{fits} the profile's {fmt(p['scratch_bytes'])}"]
+    path = p["critical_path"]
+    if path:
+        hops = "; ".join(f"rank {h['from_rank']} -{h['direction']} (line {h['line']})-> "
+                         f"rank {h['to_rank']} at {duration(h['arrived_s'])}, waited "
+                         f"{duration(h['waited_s'])}" for h in path[-4:])
+        more = f"{len(path) - 4} hop(s) before; " if len(path) > 4 else ""
+        lines.append(f"critical  {len(path)} hop(s) to rank {p['last_pe']}: {more}{hops}")
+    return lines

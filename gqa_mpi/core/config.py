@@ -182,6 +182,11 @@ class Config:
     _kernel) with SPEC's signature and a tl backed by NumPy and MPI; faults, deadlocks
     and scratch are reported in the kernel's terms (exit 5 on a fault). gqa_mpi ships
     a corrected kernel: --kernel-source builtin:corrected"""
+    predict: Optional[str] = opt(None, "algorithm", metavar="PROFILE", shown="none",
+                                 common=True)
+    """with --kernel-source: predict the accelerator's time of each step by replaying
+    every PE's tl calls through SPEC's cost model with PROFILE's numbers (a TOML file, or
+    a shipped profile: example-npu, or host once `python -m gqa_mpi.probe` wrote it)"""
 
     # ---- outputs
     output: Optional[str] = opt(None, "outputs", metavar="FILE.npy", shown="none",
@@ -272,9 +277,12 @@ class Config:
             self._check_source()
         else:
             self.schedule.check_wire(self.wire_format, self.wire)
-            if self.check_against != "exact":
-                raise ValueError(f"--check-against {self.check_against} checks the output of "
-                                 f"a --kernel-source run; give --kernel-source FILE too")
+            for given, option in ((self.check_against != "exact",
+                                   f"--check-against {self.check_against}"),
+                                  (self.predict is not None, f"--predict {self.predict}")):
+                if given:
+                    raise ValueError(f"{option} is for the kernel's own file: give "
+                                     f"--kernel-source FILE too")
         if self.split is not None and (min(self.split, default=0) < 0
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
@@ -296,6 +304,10 @@ class Config:
         if not isinstance(self.kernel_source, str) or not self.kernel_source:
             raise ValueError(f"--kernel-source must be FILE or FILE:FUNCTION, got "
                              f"{self.kernel_source!r}")
+        if self.predict is not None and (not isinstance(self.predict, str)
+                                         or not self.predict):
+            raise ValueError(f"--predict must be a profile's file or name, got "
+                             f"{self.predict!r}")
         for given, option, why in (
                 (self.reduce != "chain", f"--reduce {self.reduce}",
                  "the kernel's file does its own reduction"),

@@ -54,6 +54,10 @@ BASE = 1 << 40
 MAX_NONFINITE = 5
 """Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
+REDUCTIONS = frozenset(("sum", "max", "min"))
+"""Calls costed by their operand's elements; the other ops by their result's."""
+FREE = frozenset(("[]", "reshape"))
+"""Calls that cost nothing in SPEC's model (a view of the same elements)."""
 MAKES_NONFINITE = frozenset(("+", "-", "*", "/", "exp", "log", "dot", "sum", "cast"))
 """The calls that can make inf or NaN from finite operands (an overflow, a log of 0, a
 cast to float16); the results of the others (max, where, slices, ...) are not scanned."""
@@ -254,9 +258,12 @@ class Monitor:
     """What the backend keeps beside its ops (see the module doc): the counters, the
     scratch scopes, the non-finite origins, the kernel file's lines and trace spans."""
 
-    def __init__(self, source: Optional[str], recorder=None):
+    def __init__(self, source: Optional[str], recorder=None, record: bool = False):
         self.source = source
         self.count = Counters()
+        self.calls: Optional[List[Tuple]] = [] if record else None
+        """With ``record``: each call that has a cost, ``(call, kind, amount,
+        direction, line)`` (:mod:`gqa_mpi.core.predict`'s), one entry a call."""
         self.scopes: List[Scope] = []
         self.live = 0
         self.rec = recorder if recorder is not None and recorder.events is not None else None
@@ -269,6 +276,12 @@ class Monitor:
                 return f.f_lineno
             f = f.f_back
         return None
+
+    def call(self, name: str, kind: str, amount: float, direction: Optional[str] = None
+             ) -> None:
+        """Keep a call for the replay of ``--predict`` (when recording)."""
+        if self.calls is not None:
+            self.calls.append((name, kind, amount, direction, self.line()))
 
     def made(self, nbytes: int) -> Optional[Scope]:
         """A tensor of ``nbytes`` was made: its scope (None: persistent)."""
@@ -333,16 +346,18 @@ class Backend:
         The kernel file, whose lines faults and trace spans name.
     recorder : Recorder, optional
         With events on, one span per call and a scratch counter track.
+    record : bool
+        Keep every call that has a cost, for ``--predict`` (:attr:`Monitor.calls`).
     """
 
     def __init__(self, pe: int, cube: int, regions, link=None, source: Optional[str] = None,
-                 recorder=None):
+                 recorder=None, record: bool = False):
         self.pe, self.cube, self.link, self.source = pe, cube, link, source
         self.regions: List[Region] = []
         for i, (name, data, row_bytes, first_row) in enumerate(regions):
             data = np.ascontiguousarray(data, dtype=np.float16)
             self.regions.append(Region(name, (i + 1) * BASE, data, row_bytes, first_row))
-        self.monitor = Monitor(source, recorder)
+        self.monitor = Monitor(source, recorder, record)
         self.count = self.monitor.count
         self._sealed = True
 
@@ -407,7 +422,12 @@ class Backend:
             what = (f"operands of '{name}' do not broadcast: {shapes}"
                     if "broadcast" in str(e) else f"tl.{name}: {e}")
             raise self.fault(name, what) from None
-        return self._tensor(np.asarray(out), name, arrays)
+        out = np.asarray(out)
+        if name in REDUCTIONS:
+            self.monitor.call(name, "vec", np.size(arrays[0]))
+        elif name not in FREE:
+            self.monitor.call(name, "vec", out.size)
+        return self._tensor(out, name, arrays)
 
     def _find(self, ptr, nbytes: int, call: str) -> Tuple[Region, int]:
         if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool):
@@ -464,6 +484,7 @@ class Backend:
                                          shape=list(shape), dtype=DSL_NAMES[dt],
                                          bytes=nbytes, line=self.monitor.line()))
         self.count.loaded_bytes += nbytes
+        self.monitor.call("load", "mem", nbytes)
         if r.row_bytes:
             r.read.append((off, off + nbytes))
         return Tensor(a, self)
@@ -477,6 +498,7 @@ class Backend:
         with self._traced("store", shape=list(np.shape(a)), bytes=a.nbytes):
             r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
         self.count.stored_bytes += a.nbytes
+        self.monitor.call("store", "mem", a.nbytes)
 
     def dot(self, a: Tensor, b: Tensor) -> Tensor:
         """``a @ b``, accumulated in float32 and rounded once to the operands' dtype."""
@@ -488,7 +510,9 @@ class Backend:
         with self._traced("dot", shape=[x.shape[0], y.shape[1]], k=x.shape[1]):
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
             out = out.astype(out_dt, copy=False)
-        self.count.dot_flops += 2 * x.shape[0] * x.shape[1] * y.shape[1]
+        flops = 2 * x.shape[0] * x.shape[1] * y.shape[1]
+        self.count.dot_flops += flops
+        self.monitor.call("dot", "dot", flops)
         return self._tensor(out, "dot", (x, y))
 
     def sum(self, x: Tensor, axis: int = -1) -> Tensor:
@@ -534,7 +558,9 @@ class Backend:
 
     def zeros(self, shape, dtype="f32") -> Tensor:
         shape, dt = self._sh(shape, "zeros"), self._dt(dtype, "zeros")
-        return Tensor(np.zeros(shape, dt), self)
+        out = np.zeros(shape, dt)
+        self.monitor.call("zeros", "vec", out.size)
+        return Tensor(out, self)
 
     def full(self, shape, value, dtype="f32") -> Tensor:
         """A constant block: the value asked for, infinities included, is no origin of
@@ -543,7 +569,9 @@ class Backend:
         if not isinstance(value, NUMBERS):
             raise self.fault("full", f"tl.full: the value is a {type(value).__name__}, "
                                      f"not a number")
-        return Tensor(np.full(shape, value, dt), self)
+        out = np.full(shape, value, dt)
+        self.monitor.call("full", "vec", out.size)
+        return Tensor(out, self)
 
     def copy_to(self, dst: Tensor, src) -> None:
         """Overwrite ``dst``'s values with ``src``'s (same shape), in ``dst``'s dtype."""
@@ -557,6 +585,7 @@ class Backend:
             if not dst.a.flags.writeable:          # a loaded view: take a copy of its own
                 dst.a = np.array(dst.a)
             np.copyto(dst.a, a, casting="unsafe")
+        self.monitor.call("copy_to", "vec", dst.a.size)
 
     def send(self, dir: str, src: Tensor) -> None:  # noqa: A002 (the kernel's keyword)
         """``src``'s elements as they are now, in its dtype, to the neighbour ``dir``."""
@@ -565,6 +594,7 @@ class Backend:
         with self._traced("send", dir=dir, shape=list(a.shape), dtype=DSL_NAMES.get(a.dtype),
                           bytes=a.nbytes):
             self.link.send(dir, a, self.monitor.line)
+        self.monitor.call("send", "send", a.nbytes, dir)
         sent = self.count.sent.setdefault(dir, [0, 0])
         sent[0], sent[1] = sent[0] + 1, sent[1] + a.nbytes
 
@@ -577,6 +607,7 @@ class Backend:
                           bytes=nbytes):
             raw = self.link.recv(dir, nbytes, self.monitor.line,
                                  f"shape {shape} {DSL_NAMES[dt]}")
+        self.monitor.call("recv", "recv", nbytes, dir)
         got = self.count.received.setdefault(dir, [0, 0])
         got[0], got[1] = got[0] + 1, got[1] + nbytes
         return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self)

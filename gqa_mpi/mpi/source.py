@@ -16,7 +16,7 @@ traceback trimmed to FILE's frames), and every rank leaves with
 from __future__ import annotations
 
 import traceback
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -40,6 +40,8 @@ class SourceStep:
         self.cfg, self.topo, self.rec = cfg, topo, recorder
         self.total = Counters()
         self.rows_read = (0, 0)
+        self.calls: List[List[tuple]] = []
+        """With ``--predict``: each step's recorded calls (one entry a call)."""
 
     @property
     def name(self) -> str:
@@ -56,7 +58,8 @@ class SourceStep:
                    ("O", np.zeros(q.shape, np.float16), 0, 0)]
         watch = Watch(topo, self.path)
         backend = Backend(topo.place.pe, topo.place.cube, regions,
-                          MpiLink(topo, watch, self.rec), self.path, self.rec)
+                          MpiLink(topo, watch, self.rec), self.path, self.rec,
+                          record=cfg.predict is not None)
         try:
             run_kernel(self.fn, backend, q.shape[0], cache_len, cfg.heads_q, cfg.heads_kv,
                        cfg.head_dim, cfg.cubes, cfg.pes)
@@ -71,6 +74,8 @@ class SourceStep:
                         f"{place.cube}, PE {place.pe}):\n{self._own_exception(exc)}")
         backend.link.finish()
         self.total.add(backend.count)
+        if backend.monitor.calls is not None:
+            self.calls.append(backend.monitor.calls)
         self.rows_read = (backend.region("K").rows_read(), backend.region("V").rows_read())
         if topo.is_root:
             return backend.region("O").data.astype(np.float32)

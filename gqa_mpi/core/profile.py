@@ -1,0 +1,156 @@
+"""A hardware profile for ``--predict``: the numbers of SPEC.md's cost model, read from
+a TOML file and checked field by field. No MPI here.
+
+Every number is in SI units; the schema (each field, its unit, what it costs) is
+:data:`SCHEMA`. A profile is a file path or the name of one that gqa_mpi ships
+(``gqa_mpi/profiles/NAME.toml``: ``example-npu``, SPEC's own numbers, and ``host`` where
+``python -m gqa_mpi.probe`` has written one). A missing, unknown, negative or
+non-numeric field is refused in one line that names it.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Tuple
+
+PROFILES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                            "profiles")
+
+SCHEMA: Dict[str, Dict[str, Tuple[str, str]]] = {
+    "pe": {
+        "call_s": ("s", "fixed cost of every tl call that has a cost"),
+        "dot_flops_per_s": ("FLOP/s", "tl.dot of (M,K) x (K,N) costs 2*M*K*N flops"),
+        "vector_elems_per_s": ("elements/s", "every other op, by the elements of its "
+                                             "result (tl.max/tl.sum: of its operand)"),
+        "mem_bytes_per_s": ("B/s", "tl.load / tl.store, the PE's memory"),
+        "mem_latency_s": ("s", "added to every tl.load / tl.store"),
+        "scratch_bytes": ("B", "the scratch high-water mark is held against it"),
+    },
+    "noc": {
+        "latency_s": ("s", "intra_E/W/N/S: from the end of a send to the arrival"),
+        "bytes_per_s": ("B/s", "intra_E/W/N/S: one link per ordered pair of neighbours"),
+    },
+    "inter": {
+        "latency_s": ("s", "E/W between cubes: from the end of a send to the arrival"),
+        "bytes_per_s": ("B/s", "E/W: one link per ordered pair of cubes' PEs"),
+    },
+}
+"""``table -> field -> (unit, what it costs)``; and ``name``, a string, at the top."""
+
+RATES = ("dot_flops_per_s", "vector_elems_per_s", "mem_bytes_per_s", "bytes_per_s")
+"""Fields that divide: they must be positive, not only non-negative."""
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: a message of B bytes occupies it ``B / bytes_per_s`` and
+    arrives ``latency_s`` after that."""
+
+    latency_s: float
+    bytes_per_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """SPEC's cost model's numbers (see :data:`SCHEMA`)."""
+
+    name: str
+    call_s: float
+    dot_flops_per_s: float
+    vector_elems_per_s: float
+    mem_bytes_per_s: float
+    mem_latency_s: float
+    scratch_bytes: float
+    noc: Link
+    inter: Link
+    path: str = ""
+
+    def link(self, direction: str) -> Link:
+        """The link a message in ``direction`` travels on."""
+        return self.inter if direction in ("E", "W") else self.noc
+
+
+def resolve(spec: str) -> str:
+    """The file of a profile: a path as given, else a shipped profile's name."""
+    if os.path.exists(spec) or os.sep in spec or spec.endswith(".toml"):
+        return os.path.abspath(spec)
+    return os.path.join(PROFILES_DIR, f"{spec}.toml")
+
+
+def shipped() -> List[str]:
+    """The names of the profiles gqa_mpi ships (and ``host`` once probed)."""
+    if not os.path.isdir(PROFILES_DIR):
+        return []
+    return sorted(f[:-5] for f in os.listdir(PROFILES_DIR) if f.endswith(".toml"))
+
+
+def load(spec: str) -> Profile:
+    """Read and check a profile; ValueError with one line naming what is wrong."""
+    path = resolve(spec)
+    where = f"--predict {spec}"
+    if not os.path.isfile(path):
+        names = ", ".join(shipped()) or "none"
+        raise ValueError(f"{where}: no such file {path} (shipped profiles: {names})")
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        raise ValueError(f"{where}: reading TOML needs Python 3.11 or later") from None
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise ValueError(f"{where}: {path}: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ValueError(f"{where}: {path} is not valid TOML ({e})") from None
+    return from_dict(data, f"{where} ({path})", path)
+
+
+def from_dict(data: Dict, where: str = "profile", path: str = "") -> Profile:
+    """A :class:`Profile` from the TOML's tables, checked."""
+    unknown = sorted(set(data) - set(SCHEMA) - {"name"})
+    if unknown:
+        raise ValueError(f"{where}: unknown field {unknown[0]!r} (the fields are name, "
+                         f"{', '.join(f'[{t}]' for t in SCHEMA)})")
+    name = data.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: name must be a non-empty string, got {name!r}")
+    values: Dict[str, Dict[str, float]] = {}
+    for table, fields in SCHEMA.items():
+        got = data.get(table)
+        if not isinstance(got, dict):
+            raise ValueError(f"{where}: missing table [{table}] (with "
+                             f"{', '.join(fields)})")
+        extra = sorted(set(got) - set(fields))
+        if extra:
+            raise ValueError(f"{where}: unknown field {table}.{extra[0]} (the fields of "
+                             f"[{table}] are {', '.join(fields)})")
+        values[table] = {}
+        for field, (unit, _) in fields.items():
+            if field not in got:
+                raise ValueError(f"{where}: missing field {table}.{field} ({unit})")
+            value = got[field]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value):
+                raise ValueError(f"{where}: {table}.{field} must be a finite number "
+                                 f"({unit}), got {value!r}")
+            if value < 0 or (field in RATES and value == 0):
+                need = "positive" if field in RATES else "non-negative"
+                raise ValueError(f"{where}: {table}.{field} must be {need} ({unit}), "
+                                 f"got {value!r}")
+            values[table][field] = float(value)
+    return Profile(name=name, **values["pe"], noc=Link(**values["noc"]),
+                   inter=Link(**values["inter"]), path=path)
+
+
+def to_toml(p: Profile, comments: Dict[str, str] = None) -> str:
+    """The TOML text of a profile (what the probe writes), with a comment per field."""
+    comments = comments or {}
+    lines = [f'name = "{p.name}"']
+    for table, fields in SCHEMA.items():
+        lines.append(f"\n[{table}]")
+        for field, (unit, what) in fields.items():
+            value = getattr(p, field) if table == "pe" else getattr(getattr(p, table), field)
+            note = comments.get(f"{table}.{field}", f"{unit}: {what}")
+            lines.append(f"{field:<19}= {value:<14.9g} # {note}")
+    return "\n".join(lines) + "\n"

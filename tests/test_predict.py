@@ -1,0 +1,190 @@
+"""The predicted accelerator time (``--predict``): SPEC's cost model on kernels written
+so that its answer can be worked out by hand, the profile's checks, and the reference
+kernel on one PE against a hand count of its calls. No MPI: the PEs run as threads."""
+import os
+import textwrap
+
+import pytest
+
+from gqa_mpi.core.kernel_file import load
+from gqa_mpi.core.predict import replay
+from gqa_mpi.core.profile import SCHEMA, from_dict, load as load_profile
+
+from pes import run_pes
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REFERENCE = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "reference",
+                                          "_gqa_attention_decode_long.py"))
+TABLES = dict(name="test", pe=dict(call_s=1e-8, dot_flops_per_s=1e12, vector_elems_per_s=1e11,
+                                   mem_bytes_per_s=1e11, mem_latency_s=1e-7,
+                                   scratch_bytes=1 << 20),
+              noc=dict(latency_s=1e-7, bytes_per_s=1e10),
+              inter=dict(latency_s=1e-6, bytes_per_s=1e9))
+PROFILE = from_dict(TABLES)
+c, lat, bw = 1e-8, 1e-7, 1e10                       # call, noc latency, noc bandwidth
+
+
+def kernel(tmp_path, body):
+    path = tmp_path / "k.py"
+    path.write_text(textwrap.dedent(body))
+    return load(str(path))
+
+
+def predicted(tmp_path, body, **grid):
+    fn, path = kernel(tmp_path, body)
+    g, backends = run_pes(fn, path, **grid)
+    return replay({r: b.monitor.calls for r, b in backends.items()}, g, PROFILE)
+
+
+def test_loads_only_cost_the_sum_of_their_loads(tmp_path):
+    p = predicted(tmp_path, """
+        def loads_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            for i in range(5):
+                x = tl.load(k, shape=(4, 16), dtype="f16")
+        """)
+    assert p.step_s == pytest.approx(5 * (c + 1e-7 + 128 / 1e11), rel=1e-12)
+    assert p.pes[0].split["memory_s"] == pytest.approx(p.step_s, rel=1e-12)
+
+
+CHAIN = """
+    def chain_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+        pe = tl.program_id(axis=0)
+        x = tl.full((4,), 1.0, "f32") if pe == P - 1 else None
+        if pe < P - 1:
+            x = tl.recv(dir="intra_E", shape=(4,), dtype="f32")
+        if pe > 0:
+            tl.send(dir="intra_W", src=x)
+"""
+
+
+def test_a_message_chain_costs_hops_times_call_bytes_over_bandwidth_and_latency(tmp_path):
+    p = predicted(tmp_path, CHAIN, P=4)
+    # PE 3 also makes its message with tl.full: one call and 4 elements before it sends
+    full = c + 4 / 1e11
+    hop = c + 16 / bw + lat
+    assert p.step_s == pytest.approx(full + 3 * hop, rel=1e-12)
+    assert p.last.rank == 0 and len(p.critical_path()) == 3
+    first = p.critical_path()[0]
+    assert (first["from_rank"], first["to_rank"], first["direction"]) == (3, 2, "intra_W")
+    assert first["arrived_s"] == pytest.approx(full + hop, rel=1e-12)
+
+
+def test_two_sends_on_one_link_arrive_call_and_bytes_apart(tmp_path):
+    p = predicted(tmp_path, """
+        def two_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 1:
+                x = tl.full((256,), 1.0, "f32")
+                tl.send(dir="intra_W", src=x)
+                tl.send(dir="intra_W", src=x)
+            else:
+                tl.recv(dir="intra_E", shape=(256,), dtype="f32")
+                tl.recv(dir="intra_E", shape=(256,), dtype="f32")
+        """, P=2)
+    (_, m1, _), (_, m2, _) = p.pes[0].recvs
+    assert m2.arrival - m1.arrival == pytest.approx(c + 1024 / bw, rel=1e-9)
+
+
+def test_a_recv_posted_after_its_message_arrived_waits_nothing(tmp_path):
+    p = predicted(tmp_path, """
+        def late_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) == 1:
+                tl.send(dir="intra_W", src=tl.full((4,), 1.0, "f32"))
+            else:
+                for i in range(20):
+                    x = tl.load(k, shape=(4, 16), dtype="f16")
+                tl.recv(dir="intra_E", shape=(4,), dtype="f32")
+        """, P=2)
+    pe0 = p.pes[0]
+    assert pe0.split["wait_s"] == 0 and pe0.recvs[0][2] == 0
+    assert p.step_s == pytest.approx(20 * (c + 1e-7 + 128 / 1e11) + c, rel=1e-12)
+    assert p.critical_path() == []
+
+
+def test_a_tree_and_a_ring_on_a_2x2_cube(tmp_path):
+    h = c + 16 / bw + lat                           # one hop of 16 bytes
+    make = c + 4 / 1e11                             # the tl.full that makes a message
+    tree = predicted(tmp_path, """
+        def tree_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            pe = tl.program_id(axis=0)
+            x = tl.full((4,), 1.0, "f32")
+            if pe % 2 == 1:
+                tl.send(dir="intra_W", src=x)
+            elif pe == 2:
+                y = tl.recv(dir="intra_E", shape=(4,), dtype="f32")
+                tl.send(dir="intra_N", src=y)
+            else:
+                tl.recv(dir="intra_E", shape=(4,), dtype="f32")
+                tl.recv(dir="intra_S", shape=(4,), dtype="f32")
+        """, P=4, cols=2)
+    assert tree.step_s == pytest.approx(make + 2 * h, rel=1e-12)
+    ring = predicted(tmp_path, """
+        def ring_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            pe = tl.program_id(axis=0)
+            into = {0: "intra_S", 1: "intra_W", 3: "intra_N", 2: "intra_E"}[pe]
+            out = {0: "intra_E", 1: "intra_S", 3: "intra_W", 2: "intra_N"}[pe]
+            if pe == 0:
+                tl.send(dir=out, src=tl.full((4,), 1.0, "f32"))
+                tl.recv(dir=into, shape=(4,), dtype="f32")
+            else:
+                tl.send(dir=out, src=tl.recv(dir=into, shape=(4,), dtype="f32"))
+        """, P=4, cols=2)
+    assert ring.step_s == pytest.approx(make + 4 * h, rel=1e-12)
+    assert [hop["from_rank"] for hop in ring.critical_path()] == [0, 1, 3, 2]
+
+
+def test_messages_between_cubes_take_the_inter_cube_link(tmp_path):
+    p = predicted(tmp_path, """
+        def across_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=1) == 1:
+                tl.send(dir="W", src=tl.full((4,), 1.0, "f32"))
+            else:
+                tl.recv(dir="E", shape=(4,), dtype="f32")
+        """, C=2, P=1)
+    assert p.step_s == pytest.approx(c + 4 / 1e11 + c + 16 / 1e9 + 1e-6, rel=1e-12)
+
+
+@pytest.mark.skipif(not os.path.exists(REFERENCE), reason="no ../shared/reference")
+def test_the_reference_kernel_on_one_pe_against_a_hand_count_of_its_calls():
+    fn, path = load(REFERENCE)
+    G, d, S, T = 8, 16, 2048, 1024                  # two tiles of 1024 tokens
+    g, backends = run_pes(fn, path, S=S, width=d, h_q=G, d=d)
+    p = replay({0: backends[0].monitor.calls}, g, PROFILE)
+    mem = lambda b: c + 1e-7 + b / 1e11                              # noqa: E731
+    dot = lambda m, k, n: c + 2 * m * k * n / 1e12                   # noqa: E731
+    vec = lambda n: c + n / 1e11                                     # noqa: E731
+    tile = (2 * mem(d * T * 2) + dot(G, d, T) + vec(G * T)          # loads, scores, max
+            + vec(G * T) + vec(G * T) + vec(G * T) + dot(G, T, d))   # -m, exp, sum, P@V
+    merge = (vec(G) + 2 * (vec(G) + vec(G))                          # maximum, 2 x (-, exp)
+             + 3 * vec(G) + 3 * vec(G * d))                          # l and O: *, *, +
+    copies = 2 * vec(G) + vec(G * d)
+    want = mem(G * d * 2) + 2 * tile + merge + copies + vec(G * d) + mem(G * d * 2)
+    assert p.step_s == pytest.approx(want, rel=1e-12)
+
+
+def test_a_profile_is_refused_in_one_line_naming_what_is_wrong(tmp_path):
+    import copy
+    cases = {
+        "missing": ("pe", "call_s", None, "missing field pe.call_s"),
+        "negative": ("noc", "latency_s", -1.0, "noc.latency_s must be non-negative"),
+        "zero rate": ("inter", "bytes_per_s", 0, "inter.bytes_per_s must be positive"),
+        "text": ("pe", "mem_latency_s", "fast", "pe.mem_latency_s must be a finite number"),
+        "unknown": ("pe", "cache_s", 1.0, "unknown field pe.cache_s"),
+    }
+    for table, field, value, words in cases.values():
+        t = copy.deepcopy(TABLES)
+        if value is None:
+            del t[table][field]
+        else:
+            t[table][field] = value
+        with pytest.raises(ValueError, match=words):
+            from_dict(t)
+    with pytest.raises(ValueError, match="unknown field 'gpu'"):
+        from_dict(dict(TABLES, gpu={}))
+    bad = tmp_path / "p.toml"
+    bad.write_text("name = 'x'\n[pe\n")
+    with pytest.raises(ValueError, match="not valid TOML"):
+        load_profile(str(bad))
+    with pytest.raises(ValueError, match="shipped profiles: .*example-npu"):
+        load_profile("no-such-npu")
+    assert set(SCHEMA) == {"pe", "noc", "inter"}
+    assert load_profile("example-npu").noc.bytes_per_s == 6.4e10     # SPEC's numbers
