@@ -27,6 +27,9 @@ def test_bench_quick_runs(tmp_path):
         (t, s) for t in ("float32", "float16") for s in ("chain", "allgather")}
     proc, rec = bench(tmp_path, "--quick", "source", "builtin:corrected")
     assert "tl/numpy" in proc.stdout and all("error" not in r for r in rec["source"])
+    proc, rec = bench(tmp_path, "predict", "builtin:corrected", "--profile", "example-npu",
+                      "--quick")
+    assert "predicted/measured" in proc.stdout and all("error" not in r for r in rec["predict"])
 
 
 def test_a_bad_list_is_one_line_and_exit_2(tmp_path):

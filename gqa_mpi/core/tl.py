@@ -145,7 +145,7 @@ class Tensor:
         return len(self.a)
 
     def __getitem__(self, index):
-        return self.tl._op("[]", lambda a: np.array(a[index]), self)
+        return self.tl._op("[]", lambda a: a[index], self)   # a view: tensors are values
 
     def __iter__(self):
         raise self.tl.fault("iter", "a tensor cannot be iterated inside a kernel (index "
@@ -474,9 +474,8 @@ class Backend:
         shape, dt = self._sh(shape, "load"), self._dt(dtype, "load")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         r, off = self._find(ptr, nbytes, "load")
-        # a read-only view: the store that follows into this region copies it first
+        # a view: the store that follows into this region copies the region first
         a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
-        a.flags.writeable = False
         r.lent = True
         if self.monitor.rec is not None:
             self.monitor.rec.span_at("tl.load", "tl", time.perf_counter(),
@@ -550,7 +549,7 @@ class Backend:
         if int(np.prod(shape, dtype=np.int64)) != np.size(a):
             raise self.fault("reshape", f"tl.reshape of {np.shape(a)} ({np.size(a)} "
                                         f"elements) to {shape}")
-        return self._op("reshape", lambda a: np.reshape(a, shape).copy(), x)
+        return self._op("reshape", lambda a: np.reshape(a, shape), x)   # a view, as a slice
 
     def cast(self, x: Tensor, dtype) -> Tensor:
         dt = self._dt(dtype, "cast")
@@ -582,9 +581,9 @@ class Backend:
         if np.shape(a) != dst.shape:
             raise self.fault("copy_to", f"tl.copy_to of {np.shape(a)} into {dst.shape}")
         with self._traced("copy_to", shape=list(dst.shape)):
-            if not dst.a.flags.writeable:          # a loaded view: take a copy of its own
-                dst.a = np.array(dst.a)
-            np.copyto(dst.a, a, casting="unsafe")
+            # new values, never a write into the old ones: slices, reshapes and loads
+            # are views, and a tensor viewing dst keeps the values it was made with
+            dst.a = np.array(a, dtype=dst.a.dtype)
         self.monitor.call("copy_to", "vec", dst.a.size)
 
     def send(self, dir: str, src: Tensor) -> None:  # noqa: A002 (the kernel's keyword)

@@ -19,7 +19,10 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   and float16 K/V, with what explains the gap (the slowest sweep, the skew between
   sweeps, what the reduction adds);
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
-  sweep of the same float16 tiles, per launch.
+  sweep of the same float16 tiles, per launch;
+- ``predict FILE --profile P``: the step ``--predict P`` predicts against the step
+  measured in the same launch (with the ``host`` profile the probe wrote, how well
+  SPEC's cost model describes this machine).
 
 With no subcommand it runs ``local``, ``reduce`` and ``startup`` with their defaults.
 
@@ -281,6 +284,33 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
     return rows
 
 
+def predict_table(source: str, profile: str, ranks: List[int], per_rank: int, group: int,
+                  h_kv: int, d: int, repeats: int, timeout: int) -> List[Dict]:
+    """Real launches of ``--kernel-source FILE --predict PROFILE``: the measured step
+    (the slowest rank's call of the kernel) against the predicted one, per launch."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            for rep in range(repeats):
+                path = os.path.join(tmp, f"p-{n}-{rep}.json")
+                proc = _launch(gqa_command(n, [
+                    "--kernel-source", source, "--predict", profile, "--seq-len",
+                    str(per_rank * n), "--heads-kv", str(h_kv), "--heads-q",
+                    str(group * h_kv), "--head-dim", str(d), "--no-check", "--quiet",
+                    "--json", path]), timeout)
+                if proc.returncode not in (0, 1):
+                    rows.append(dict(ranks=n, error=_why(proc)))
+                    break
+                rec = RunRecord.load(path)
+                measured = rec.timings()["step"]["max"]
+                p = rec.predicted
+                rows.append(dict(ranks=n, tokens_per_rank=per_rank, G=group,
+                                 measured_s=measured, predicted_s=p["step_s"],
+                                 predicted_over_measured=p["step_s"] / measured,
+                                 last_pe=p["last_pe"]))
+    return rows
+
+
 def _why(proc: subprocess.CompletedProcess) -> str:
     """Why a launch failed: its last line of stderr, else of stdout, and its exit code."""
     lines = (proc.stderr or "").strip().splitlines() or (proc.stdout or "").strip().splitlines()
@@ -405,6 +435,19 @@ def print_tables(result: Dict) -> None:
             print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
                   f"{r['source_s'] * 1e3:>9.1f} {r['numpy_s'] * 1e3:>9.1f} "
                   f"{r['source_over_numpy']:>9.2f}")
+    if result.get("predict"):
+        print(f"\n--kernel-source {result['predict_file']} --predict {result['profile']} from "
+              f"real mpirun launches: the predicted step over the measured one (the slowest "
+              f"rank's call of the kernel, one launch each)")
+        print(f"{'ranks':>5} {'tokens/rank':>11} {'G':>3} {'measured ms':>11} "
+              f"{'predicted ms':>12} {'predicted/measured':>18}")
+        for r in result["predict"]:
+            if "error" in r:
+                print(f"{r['ranks']:>5}  failed: {r['error']}")
+                continue
+            print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
+                  f"{r['measured_s'] * 1e3:>11.1f} {r['predicted_s'] * 1e3:>12.1f} "
+                  f"{r['predicted_over_measured']:>18.2f}")
     s = result.get("startup")
     if s:
         print(f"\nstart-up: import gqa_mpi {s['import_s'] * 1e3:.0f} ms; 16-rank tiny run "
@@ -418,6 +461,8 @@ SUBCOMMANDS = {
     "step": "real launches: the whole step against the host's read limit at N ranks",
     "source": "real launches: a kernel's own file through gqa_mpi's tl against the "
               "NumPy sweep of the same float16 tiles",
+    "predict": "real launches: a kernel's predicted step (--predict PROFILE) against its "
+               "measured step on this machine",
     "startup": "the import time and a tiny 16-rank run against bare imports",
 }
 DEFAULT = ("local", "reduce", "startup")
@@ -484,13 +529,24 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--group", type=int, default=8,
                    help="G, query heads of the one KV head (default 8)")
     a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
+    a = parsers["predict"]
+    a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
+                   help="the kernel's file, as --kernel-source takes it")
+    a.add_argument("--profile", default="host",
+                   help="the profile to predict with (default %(default)s: this machine's, "
+                        "as `python -m gqa_mpi.probe` wrote it)")
+    launches(a, "1,4,16", "64K", steps=False)
+    a.add_argument("--group", type=int, default=8, help="G (default 8)")
+    a.add_argument("--heads-kv", type=int, default=1, help="h_kv (default 1)")
+    a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
     return p
 
 
 QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
              reduce=dict(ranks="2", tokens_per_rank="256", steps=1),
              step=dict(ranks="2", tokens_per_rank="1K", groups="4", steps=1),
-             source=dict(ranks="1", tokens_per_rank="1K"))
+             source=dict(ranks="1", tokens_per_rank="1K"),
+             predict=dict(ranks="1,2", tokens_per_rank="1K"))
 """``--quick``: tiny sizes, one repeat."""
 
 
@@ -548,6 +604,11 @@ def _measure(what: str, a, result: Dict, cores) -> None:
         result["source"] = source_table(a.kernel_source, _sizes(a.ranks),
                                         _sizes(a.tokens_per_rank)[0], a.group, a.head_dim,
                                         a.repeats, a.timeout)
+    elif what == "predict":
+        result["predict_file"], result["profile"] = a.kernel_source, a.profile
+        result["predict"] = predict_table(a.kernel_source, a.profile, _sizes(a.ranks),
+                                          _sizes(a.tokens_per_rank)[0], a.group, a.heads_kv,
+                                          a.head_dim, a.repeats, a.timeout)
     elif what == "startup":
         try:
             result["startup"] = startup(a.repeats, a.timeout)

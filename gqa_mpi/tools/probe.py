@@ -1,0 +1,170 @@
+"""``mpirun -n 2 python -m gqa_mpi.probe``: write the ``host`` profile of this machine,
+the numbers of SPEC's cost model as gqa_mpi's own run of a kernel meets them here.
+
+Measured on one core each, best of ``--repeats``:
+
+- ``pe.mem_bytes_per_s``: a streaming read of a buffer far larger than the caches;
+  ``pe.mem_latency_s``: a dependent chain of reads over it (a random cycle), less the
+  same chain over a buffer that fits in the L1 cache (the interpreter's own cost);
+- ``pe.call_s``: a ``tl`` call on one element through the backend;
+  ``pe.dot_flops_per_s``: ``tl.dot`` of ``(G, d) x (d, tile)``, float32, less ``call_s``;
+  ``pe.vector_elems_per_s``: the elements per second of the vector calls a tile of the
+  corrected kernel makes most of (the float16-to-float32 casts of a ``(tile, d)`` slice,
+  its transpose, an ``exp`` of the scores), all their elements over all their time;
+- ``pe.scratch_bytes``: the core's L2 cache, where the system says;
+- ``noc`` and ``inter``: half the round trip of a ping-pong between ranks 0 and 1 on
+  the cube's communicator (``intra_E``) and on the inter-cube one (``E``): 8 bytes for
+  the latency, 4 MiB for the bandwidth.
+
+The profile says in its comments what measured it, where and when.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import time  # noqa: E402
+from typing import Callable, Dict  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from ..core.profile import PROFILES_DIR, Link, Profile, to_toml  # noqa: E402
+from ..exits import Exit  # noqa: E402
+
+
+def best(fn: Callable[[], object], repeats: int, number: int = 1) -> float:
+    """The fastest of ``repeats`` rounds of ``number`` calls, seconds per call."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        times.append((time.perf_counter() - t0) / number)
+    return min(times)
+
+
+def memory(repeats: int) -> Dict[str, float]:
+    """Streaming read bandwidth and the latency of a dependent read, one core."""
+    big = np.ones(64 << 20, np.float32)                        # 256 MiB
+    bandwidth = big.nbytes / min(best(lambda: np.dot(big, big), repeats),
+                                 best(lambda: big.view(np.int64).sum(), repeats))
+
+    def chase(n: int, steps: int) -> float:
+        order = np.random.default_rng(0).permutation(n)
+        nxt = np.empty(n, np.int64)
+        nxt[order] = np.roll(order, -1)                         # one cycle through all
+        chain = nxt.tolist() if n <= 1 << 12 else nxt           # small: Python list
+        def walk():
+            i = 0
+            for _ in range(steps):
+                i = chain[i]
+        return best(walk, repeats) / steps
+    latency = max(0.0, chase(32 << 20, 200_000) - chase(1 << 10, 200_000))
+    return dict(mem_bytes_per_s=bandwidth, mem_latency_s=latency)
+
+
+def backend_rates(repeats: int, G: int = 8, d: int = 128, tile: int = 1024) -> Dict:
+    """The tl backend's per-call cost and its dot and vector rates on a tile's shapes."""
+    from ..core.tl import Backend
+    tl = Backend(0, 0, [(n, np.zeros((tile, d), np.float16), 2 * d, 0) for n in "QKVO"])
+    one = tl.full((1,), 1.0, "f32")
+    call = best(lambda: tl.exp(one), repeats, 2000)
+    q = tl.full((G, d), 0.5, "f32")
+    kt = tl.full((d, tile), 0.5, "f32")
+    dot = best(lambda: tl.dot(q, kt), repeats, 50)
+    flops = 2 * G * d * tile / max(dot - call, 1e-12)
+    k16 = tl.load(tl.pointer("K"), (tile, d), "f16")
+    k32 = tl.cast(k16, "f32")
+    scores = tl.full((G, tile), -1.0, "f32")
+    ops = [(lambda: tl.cast(k16, "f32"), tile * d), (lambda: tl.trans(k32), tile * d),
+           (lambda: tl.exp(scores), G * tile)]
+    seconds = sum(max(best(fn, repeats, 20) - call, 1e-12) for fn, _ in ops)
+    return dict(call_s=call, dot_flops_per_s=flops,
+                vector_elems_per_s=sum(n for _, n in ops) / seconds)
+
+
+def l2_bytes() -> int:
+    """This core's L2 cache, else 1 MiB."""
+    try:
+        with open("/sys/devices/system/cpu/cpu0/cache/index2/size") as f:
+            text = f.read().strip().upper()
+        return int(text.rstrip("KM")) * (1 << 20 if text.endswith("M") else 1 << 10)
+    except (OSError, ValueError):
+        return 1 << 20
+
+
+def ping_pong(comm, peer: int, nbytes: int, repeats: int, rounds: int) -> float:
+    """Half the round trip of ``nbytes`` between ranks 0 and ``peer`` of ``comm``."""
+    buf = np.zeros(max(nbytes, 1), np.uint8)
+    times = []
+    for _ in range(repeats):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        for _ in range(rounds):
+            if comm.rank == 0:
+                comm.Send(buf, dest=peer)
+                comm.Recv(buf, source=peer)
+            elif comm.rank == peer:
+                comm.Recv(buf, source=0)
+                comm.Send(buf, dest=0)
+        times.append((time.perf_counter() - t0) / rounds / 2)
+    return min(times)
+
+
+def links(world, repeats: int) -> Dict[str, Link]:
+    """``noc`` and ``inter`` from ping-pongs on a cube's and the inter-cube communicator."""
+    from ..core.grid import Grid
+    from ..mpi.topology import Topology
+    out = {}
+    for name, grid, direction in (("noc", Grid(1, world.size, 4), "intra_E"),
+                                  ("inter", Grid(world.size, 1, 4), "E")):
+        topo = Topology(world, grid)
+        link = topo.link(direction) if topo.rank == 0 else topo.link(
+            "intra_W" if direction == "intra_E" else "W")
+        comm = link.comm
+        peer = 1
+        small = ping_pong(comm, peer, 8, repeats, 2000)
+        large = ping_pong(comm, peer, 4 << 20, repeats, 20)
+        out[name] = Link(latency_s=small, bytes_per_s=(4 << 20) / max(large - small, 1e-12))
+        topo.free()
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gqa_mpi.probe", description=(__doc__ or "")
+                                .replace("``", ""),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=os.path.join(PROFILES_DIR, "host.toml"),
+                   help="where to write the profile (default: the shipped 'host', "
+                        "%(default)s)")
+    p.add_argument("--name", default="host", help="the profile's name (default host)")
+    p.add_argument("--repeats", type=int, default=5, help="best of N (default 5)")
+    args = p.parse_args(argv)
+    from mpi4py import MPI
+    world = MPI.COMM_WORLD
+    if world.size < 2:
+        if world.rank == 0:
+            print("gqa_mpi: error: the probe measures messages between two ranks: run "
+                  "`mpirun -n 2 python -m gqa_mpi.probe`", flush=True)
+        return Exit.USAGE
+    net = links(world, args.repeats)
+    if world.rank == 0:
+        pe = dict(memory(args.repeats), **backend_rates(args.repeats))
+        prof = Profile(name=args.name, scratch_bytes=float(l2_bytes()), noc=net["noc"],
+                       inter=net["inter"], **pe)
+        from .. import __version__
+        head = (f"# {args.name}: written by `python -m gqa_mpi.probe` (gqa_mpi "
+                f"{__version__}) on {platform.node()}, {platform.processor() or platform.machine()}, "
+                f"{os.cpu_count()} cores, {MPI.Get_library_version().splitlines()[0].strip()}, "
+                f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
+                f"# What gqa_mpi's own run of a kernel meets here (see the probe's help), "
+                f"not an accelerator's figures.\n")
+        from ..app.outputs import atomic_write
+        atomic_write(args.out, lambda f: f.write(head + to_toml(prof)), mode="w")
+        print(f"wrote {args.out}", flush=True)
+    world.Barrier()
+    return Exit.PASSED
