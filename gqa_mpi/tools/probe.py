@@ -157,9 +157,10 @@ def main(argv=None) -> int:
         prof = Profile(name=args.name, scratch_bytes=float(l2_bytes()), noc=net["noc"],
                        inter=net["inter"], **pe)
         from .. import __version__
+        library = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
         head = (f"# {args.name}: written by `python -m gqa_mpi.probe` (gqa_mpi "
                 f"{__version__}) on {platform.node()}, {platform.processor() or platform.machine()}, "
-                f"{os.cpu_count()} cores, {MPI.Get_library_version().splitlines()[0].strip()}, "
+                f"{os.cpu_count()} cores, {library}, "
                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
                 f"# What gqa_mpi's own run of a kernel meets here (see the probe's help), "
                 f"not an accelerator's figures.\n")
