@@ -1,7 +1,10 @@
-"""``mpirun -n 2 python -m gqa_mpi.probe``: write the ``host`` profile of this machine,
-the numbers of SPEC's cost model as gqa_mpi's own run of a kernel meets them here.
+"""``mpirun -n N python -m gqa_mpi.probe``: write the ``host`` profile of this machine,
+the numbers of SPEC's cost model as gqa_mpi's own run of a kernel on N ranks meets them.
 
-Measured on one core each, best of ``--repeats``:
+Every rank measures at the same time, as the ranks of a run compute at the same time
+(so the memory bandwidth and the clock a core keeps when all of them are busy are in
+the numbers); the profile takes the median over the ranks, each the best of
+``--repeats``:
 
 - ``pe.mem_bytes_per_s``: a streaming read of a buffer far larger than the caches;
   ``pe.mem_latency_s``: a dependent chain of reads over it (a random cycle), less the
@@ -152,15 +155,18 @@ def main(argv=None) -> int:
                   "`mpirun -n 2 python -m gqa_mpi.probe`", flush=True)
         return Exit.USAGE
     net = links(world, args.repeats)
+    world.Barrier()
+    mine = dict(memory(args.repeats), **backend_rates(args.repeats))
+    every = world.gather(mine, root=0)
     if world.rank == 0:
-        pe = dict(memory(args.repeats), **backend_rates(args.repeats))
+        pe = {k: float(np.median([e[k] for e in every])) for k in mine}
         prof = Profile(name=args.name, scratch_bytes=float(l2_bytes()), noc=net["noc"],
                        inter=net["inter"], **pe)
         from .. import __version__
         library = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
         head = (f"# {args.name}: written by `python -m gqa_mpi.probe` (gqa_mpi "
                 f"{__version__}) on {platform.node()}, {platform.processor() or platform.machine()}, "
-                f"{os.cpu_count()} cores, {library}, "
+                f"{os.cpu_count()} cores, {world.size} ranks measuring at once, {library}, "
                 f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.\n"
                 f"# What gqa_mpi's own run of a kernel meets here (see the probe's help), "
                 f"not an accelerator's figures.\n")
