@@ -1,7 +1,8 @@
 """GQA decode, long context: the reference kernel with SPEC.md's six defects fixed.
 
 Written in the kernel DSL only (``tl`` is the argument, nothing is imported), so it is
-the patch a kernel author can take home. Run it with
+the patch a kernel author can take home; its :class:`Partial` (the sweep, and the calls
+that move a partial) is what the other shipped kernels build their reductions on. Run it with
 ``mpirun -n 16 python -m gqa_mpi --kernel-source builtin:corrected``. Defect by defect:
 
 1. Short last PE row (P = 5, 6, 7): each row's own length ``min(4, P - 4*row)`` decides
@@ -41,79 +42,99 @@ def _fold(m, l, O, m_o, l_o, O_o, *, tl):
     tl.copy_to(O, O_n)
 
 
+class Partial:
+    """This PE's running ``(m, l, O)``, one float32 triple per KV head, and the calls that
+    move it: the sweep of its slice, a neighbour's partial received and folded in, its
+    own sent on, the root's ``O / l`` stored."""
+
+    def __init__(self, q_ptr, k_ptr, v_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, *, tl):
+        self.tl, self.h_kv, self.d, self.T_q, self.h_q = tl, h_kv, d_head, T_q, h_q
+        self.G = G = h_q // h_kv
+        self.R = R = G * T_q
+        self.pe, self.cube = tl.program_id(axis=0), tl.program_id(axis=1)
+        n, rank = C * P, self.cube * P + self.pe
+        if hasattr(tl, "local_tokens"):
+            S_local = tl.local_tokens()
+        else:
+            S_local = S_kv // n + (1 if rank < S_kv % n else 0)
+        row_bytes = h_kv * d_head * 2                      # one token of K or V, float16
+        scale = 1.0 / d_head ** 0.5
+        Q = tl.load(q_ptr, shape=(T_q, h_q * d_head), dtype="f16")
+        Qh = [tl.cast(tl.reshape(Q[:, h * G * d_head:(h + 1) * G * d_head], (R, d_head)),
+                      "f32") for h in range(h_kv)]
+        self.m = [tl.full((R,), float("-inf"), "f32") for _ in range(h_kv)]
+        self.l = [tl.zeros((R,), "f32") for _ in range(h_kv)]
+        self.O = [tl.zeros((R, d_head), "f32") for _ in range(h_kv)]
+        # ---- local sweep: scratch bounded by the tile, whatever S_local is
+        for t0 in range(0, S_local, TILE_S_KV):
+            ts = min(TILE_S_KV, S_local - t0)
+            with tl.scratch_scope():
+                K = tl.load(k_ptr + t0 * row_bytes, shape=(ts, h_kv * d_head), dtype="f16")
+                V = tl.load(v_ptr + t0 * row_bytes, shape=(ts, h_kv * d_head), dtype="f16")
+                for h in range(h_kv):
+                    K_h = tl.cast(K[:, h * d_head:(h + 1) * d_head], "f32")
+                    V_h = tl.cast(V[:, h * d_head:(h + 1) * d_head], "f32")
+                    s = tl.dot(Qh[h], tl.trans(K_h)) * scale
+                    m_t = tl.max(s, axis=-1)
+                    p = tl.exp(s - m_t)
+                    _fold(self.m[h], self.l[h], self.O[h], m_t, tl.sum(p, axis=-1),
+                          tl.dot(p, V_h), tl=tl)
+
+    def receive(self, direction):
+        """Fold in the partial of the neighbour in ``direction``."""
+        tl = self.tl
+        with tl.scratch_scope():
+            for h in range(self.h_kv):
+                m_o = tl.recv(dir=direction, shape=(self.R,), dtype="f32")
+                l_o = tl.recv(dir=direction, shape=(self.R,), dtype="f32")
+                O_o = tl.recv(dir=direction, shape=(self.R, self.d), dtype="f32")
+                _fold(self.m[h], self.l[h], self.O[h], m_o, l_o, O_o, tl=tl)
+
+    def send(self, direction):
+        """This partial to the neighbour in ``direction``."""
+        for h in range(self.h_kv):
+            self.tl.send(dir=direction, src=self.m[h])
+            self.tl.send(dir=direction, src=self.l[h])
+            self.tl.send(dir=direction, src=self.O[h])
+
+    def relay(self, inbound, outbound):
+        """Pass a partial from ``inbound`` on to ``outbound`` untouched."""
+        tl = self.tl
+        with tl.scratch_scope():
+            for h in range(self.h_kv):
+                for shape in ((self.R,), (self.R,), (self.R, self.d)):
+                    tl.send(dir=outbound, src=tl.recv(dir=inbound, shape=shape, dtype="f32"))
+
+    def store(self, o_ptr):
+        """The root: O / l, stored head by head in Q's layout."""
+        tl, G, d = self.tl, self.G, self.d
+        for h in range(self.h_kv):
+            out = self.O[h] / tl.where(self.l[h] == 0.0, 1.0, self.l[h])
+            for t in range(self.T_q):
+                tl.store(o_ptr + (t * self.h_q + h * G) * d * 2, out[t * G:(t + 1) * G, :])
+
+
 def gqa_decode_corrected_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head,
                                 C, P, *, tl):
-    G = h_q // h_kv
-    R = G * T_q
-    n = C * P
-    pe = tl.program_id(axis=0)
-    cube = tl.program_id(axis=1)
-    rank = cube * P + pe
-    if hasattr(tl, "local_tokens"):
-        S_local = tl.local_tokens()
-    else:
-        S_local = S_kv // n + (1 if rank < S_kv % n else 0)
-    row_bytes = h_kv * d_head * 2                      # one token of K or V, float16
-    scale = 1.0 / d_head ** 0.5
-
-    Q = tl.load(q_ptr, shape=(T_q, h_q * d_head), dtype="f16")
-    Qh = [tl.cast(tl.reshape(Q[:, h * G * d_head:(h + 1) * G * d_head], (R, d_head)), "f32")
-          for h in range(h_kv)]
-    m = [tl.full((R,), float("-inf"), "f32") for _ in range(h_kv)]
-    l = [tl.zeros((R,), "f32") for _ in range(h_kv)]
-    O = [tl.zeros((R, d_head), "f32") for _ in range(h_kv)]
-
-    # ---- local sweep: scratch bounded by the tile, whatever S_local is
-    for t0 in range(0, S_local, TILE_S_KV):
-        ts = min(TILE_S_KV, S_local - t0)
-        with tl.scratch_scope():
-            K = tl.load(k_ptr + t0 * row_bytes, shape=(ts, h_kv * d_head), dtype="f16")
-            V = tl.load(v_ptr + t0 * row_bytes, shape=(ts, h_kv * d_head), dtype="f16")
-            for h in range(h_kv):
-                K_h = tl.cast(K[:, h * d_head:(h + 1) * d_head], "f32")
-                V_h = tl.cast(V[:, h * d_head:(h + 1) * d_head], "f32")
-                s = tl.dot(Qh[h], tl.trans(K_h)) * scale
-                m_t = tl.max(s, axis=-1)
-                p = tl.exp(s - m_t)
-                _fold(m[h], l[h], O[h], m_t, tl.sum(p, axis=-1), tl.dot(p, V_h), tl=tl)
-
+    part = Partial(q_ptr, k_ptr, v_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, tl=tl)
     # ---- chain to the root: row chain, column bridge, inter-cube chain
+    pe, cube = part.pe, part.cube
     col, row = pe % 4, pe // 4
     row_len = min(4, P - 4 * row)
     rows = (P + 3) // 4
-
-    def receive(direction):
-        with tl.scratch_scope():
-            for h in range(h_kv):
-                m_o = tl.recv(dir=direction, shape=(R,), dtype="f32")
-                l_o = tl.recv(dir=direction, shape=(R,), dtype="f32")
-                O_o = tl.recv(dir=direction, shape=(R, d_head), dtype="f32")
-                _fold(m[h], l[h], O[h], m_o, l_o, O_o, tl=tl)
-
-    def send(direction):
-        for h in range(h_kv):
-            tl.send(dir=direction, src=m[h])
-            tl.send(dir=direction, src=l[h])
-            tl.send(dir=direction, src=O[h])
-
     if col < row_len - 1:
-        receive("intra_E")
+        part.receive("intra_E")
     if col > 0:
-        send("intra_W")
+        part.send("intra_W")
         return
     if row < rows - 1:
-        receive("intra_S")
+        part.receive("intra_S")
     if row > 0:
-        send("intra_N")
+        part.send("intra_N")
         return
     if cube < C - 1:
-        receive("E")
+        part.receive("E")
     if cube > 0:
-        send("W")
+        part.send("W")
         return
-
-    # ---- the root: O / l, stored head by head in Q's layout
-    for h in range(h_kv):
-        out = O[h] / tl.where(l[h] == 0.0, 1.0, l[h])
-        for t in range(T_q):
-            tl.store(o_ptr + (t * h_q + h * G) * d_head * 2, out[t * G:(t + 1) * G, :])
+    part.store(o_ptr)
