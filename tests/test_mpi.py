@@ -428,12 +428,14 @@ def run_source(C, P, tmp_path, **kw):
     return code, record
 
 
+@pytest.mark.parametrize("kernel", ["corrected", "tree"])
 @pytest.mark.parametrize("C,P,S", [(1, 1, 3001), (2, 8, 3001), (2, 6, 3001), (3, 5, 3001),
-                                   (2, 8, 10)])
-def test_corrected_kernel_passes_on_every_grid(tmp_path, C, P, S):
-    """builtin:corrected against float64 exact attention: full and short rows, an
-    S_kv that is no multiple of C*P, and fewer tokens than ranks."""
-    code, record = run_source(C, P, tmp_path, kernel_source="builtin:corrected", seq_len=S,
+                                   (2, 8, 10), (16, 1, 3001)])
+def test_shipped_kernels_pass_on_every_grid(tmp_path, C, P, S, kernel):
+    """builtin:corrected and builtin:tree against float64 exact attention: full and
+    short rows, an S_kv that is no multiple of C*P, fewer tokens than ranks, a line
+    of 16 cubes."""
+    code, record = run_source(C, P, tmp_path, kernel_source=f"builtin:{kernel}", seq_len=S,
                               heads_q=8, heads_kv=2, head_dim=16, queries=2)
     if record is not None:
         assert code == 0 and record["checks"][0]["passed"], record["checks"]
