@@ -322,3 +322,20 @@ def test_a_numerics_study_without_its_check_is_refused(tmp_path, capsys):
     assert cli.main(["run", "--kind", "numerics", "--out", str(tmp_path / "n.csv"),
                      "--", "--no-check"]) == 2
     assert "drop --no-check" in capsys.readouterr().err
+
+
+def test_a_study_of_the_prediction_keeps_it_beside_the_measured_step_and_plots_it(tmp_path):
+    out = tmp_path / "p.csv"
+    proc = subprocess.run(STUDY + ["run", "--kind", "strong", "--ranks", "1,2", "--repeats", "1",
+                                   "--seq-len", "2048", "--heads-q", "8", "--heads-kv", "1",
+                                   "--head-dim", "16", "--kernel-source", "builtin:tree",
+                                   "--predict", "example-npu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    got = rows(out)
+    assert all(float(r["predicted_step_s"]) > 0 and r["predict"] == "example-npu" for r in got)
+    assert "predicted us" in proc.stdout
+    pytest.importorskip("matplotlib")
+    plotted = subprocess.run(STUDY + ["plot", str(out), "--out-dir", str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+    assert plotted.returncode == 0 and (tmp_path / "p_strong_predicted.png").exists()

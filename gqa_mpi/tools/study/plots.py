@@ -19,6 +19,37 @@ def _stacked(ax, x, pts, top_label: str) -> None:
     ax.legend(fontsize=8)
 
 
+SPLIT = ("memory_s", "dot_s", "vector_s", "send_s", "wait_s")
+
+
+def _predicted(plt, title: str, n: List[int], pts: List[Dict], strong: bool):
+    """The accelerator's predicted step against the ranks beside the measured CPU step,
+    and the split of the PE that finished last."""
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
+    a.plot(n, [p["predicted_step_s"] * 1e6 for p in pts], "o-", label="predicted step")
+    a.set_xscale("log", base=2)
+    a.set_xticks(n, [str(x) for x in n])
+    a.set_xlabel("PEs (C x P)")
+    a.set_ylabel("predicted accelerator step, us")
+    a.grid(alpha=0.3)
+    first = pts[0]["predicted_step_s"] * 1e6
+    a.plot(n, [first * n[0] / x if strong else first for x in n], "--", color="gray",
+           label="ideal")
+    a.legend(fontsize=8)
+    x = range(len(n))
+    bottom = [0.0] * len(n)
+    for key in SPLIT:
+        vals = [p[f"predicted_{key}"] * 1e6 for p in pts]
+        b.bar(x, vals, bottom=bottom, label=key[:-2])
+        bottom = [u + v for u, v in zip(bottom, vals)]
+    b.set_xticks(list(x), [str(v) for v in n])
+    b.set_xlabel("PEs (C x P)")
+    b.set_ylabel("us, the last PE's split")
+    b.legend(fontsize=8)
+    fig.suptitle(title + " (--predict)", fontsize=9)
+    return fig
+
+
 def plot(csv_path: str, out_dir: str) -> List[str]:
     """Draw the study's PNGs next to each other in ``out_dir``; return their paths.
 
@@ -95,6 +126,9 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         fig, ax = figure(title, "MPI ranks", "KV tokens per second (millions)", n)
         ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
         save(fig, f"{kind}_throughput.png")
+
+        if all(p.get("predicted_step_s") for p in pts):
+            save(_predicted(plt, title, n, pts, kind == "strong"), f"{kind}_predicted.png")
 
     errors = [p for p in points if p["study"] == "numerics" and p["max_rel_err"] != "-"]
     if errors:

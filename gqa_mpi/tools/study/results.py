@@ -13,10 +13,14 @@ from typing import Dict, Iterable, List
 from ...app.record import PHASES, RunRecord
 from .plan import POINT_KEYS, Point, StudyError
 
+PREDICTED = ("predicted_step_s", "predicted_last_pe", "predicted_memory_s", "predicted_dot_s",
+             "predicted_vector_s", "predicted_send_s", "predicted_wait_s")
+"""With ``--predict``: the predicted step and its last PE's split (empty otherwise)."""
 MEASURED = (tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
             + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
                "wall_s", "finished_at", "host", "error", "err_p50", "err_p99",
-               "control_rel_err"))
+               "control_rel_err")
+            + PREDICTED)
 COLUMNS = ("run_id", "repeat", "status") + POINT_KEYS + MEASURED
 """The CSV's columns: the run, the point (:data:`~.plan.POINT_KEYS`), what it measured."""
 STATUSES = ("ok", "check_failed", "failed", "timeout")
@@ -29,6 +33,7 @@ OLDER = {
                                     + MEASURED if c not in ("steps", "err_p50", "err_p99",
                                                             "control_rel_err")),
     "before the full key": ("run_id", "repeat", "status") + _OLD_POINT + MEASURED,
+    "before the one pipeline": ('run_id', 'repeat', 'status', 'study', 'ranks', 'tokens_per_rank', 'cubes', 'pes', 'grid', 'split', 'placement', 'seq_len', 'heads_q', 'heads_kv', 'head_dim', 'queries', 'steps', 'batch', 'softmax_scale', 'causal', 'seed', 'inputs', 'allow_nonfinite', 'tile', 'kernel', 'kv_dtype', 'reduce_schedule', 'wire', 'kernel_faithful', 'kernel_source', 'check', 'check_every', 'extra', 'inputs_min', 'inputs_median', 'inputs_max', 'local_attention_min', 'local_attention_median', 'local_attention_max', 'reduce_min', 'reduce_median', 'reduce_max', 'finalize_min', 'finalize_median', 'finalize_max', 'step_min', 'step_median', 'step_max', 'total_min', 'total_median', 'total_max', 'check_min', 'check_median', 'check_max', 'messages', 'bytes', 'peak_rss_max_mib', 'max_rel_err', 'passed', 'wall_s', 'finished_at', 'host', 'error', 'err_p50', 'err_p99', 'control_rel_err'),
 }
 """Headers of studies written by earlier versions. Their rows are read as what they
 are: a column they lack is empty (unknown), ``steps`` is 1 where there was none; their
@@ -154,6 +159,12 @@ def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> D
     for key in ("max_rel_err", "passed", "err_p50", "err_p99", "control_rel_err"):
         value = None if check is None else getattr(check, key)
         row[key] = "" if value is None else value
+    p = rec.predicted
+    if p is not None:
+        last = next(pe for pe in p["pes"] if pe["rank"] == p["last_pe"])
+        row.update(predicted_step_s=p["step_s"], predicted_last_pe=p["last_pe"],
+                   **{f"predicted_{k}": last[k] for k in ("memory_s", "dot_s", "vector_s",
+                                                           "send_s", "wait_s")})
     return row
 
 
@@ -169,6 +180,8 @@ def medians(rows: Iterable[Dict]) -> List[Dict]:
         for phase in PHASES:
             vals = [float(r[f"{phase}_max"]) for r in rs if r.get(f"{phase}_max")]
             m[phase] = statistics.median(vals) if vals else float("nan")
+        for key in PREDICTED[2:] + ("predicted_step_s",):   # the replay is deterministic
+            m[key] = float(rs[0][key]) if rs[0].get(key) else None
         for key in ("ranks", "seq_len", "tile"):
             m[key] = int(m[key])
         m["repeats"] = len(rs)
@@ -213,9 +226,11 @@ def summarise(rows: List[Dict], stream) -> None:
                              ("control_rel_err", 15))) + "\n")
     if not points:
         return
+    predicted = any(p.get("predicted_step_s") for p in points)
     stream.write(f"{'study':>6} {'ranks':>5} {'S_kv':>9} {'tile':>5} {'wire':>6} "
                  f"{'reduce':>15} {'grid':>4} {'steps':>5} {'step ms':>9} {'local ms':>9} "
-                 f"{'beyond ms':>9} {'eff':>5} {'n':>2}\n")
+                 f"{'beyond ms':>9} {'eff':>5} {'n':>2}"
+                 + (f" {'predicted us':>12}" if predicted else "") + "\n")
     for p in points:
         eff = p.get("efficiency")
         stream.write(f"{p['study']:>6} {p['ranks']:>5} {p['seq_len']:>9} {p['tile']:>5} "
@@ -223,4 +238,6 @@ def summarise(rows: List[Dict], stream) -> None:
                      f"{p['steps']:>5} "
                      f"{p['step'] * 1e3:>9.2f} {p['local_attention'] * 1e3:>9.2f} "
                      f"{(p['step'] - p['local_attention']) * 1e3:>9.2f} "
-                     f"{'' if eff is None else f'{eff:.2f}':>5} {p['repeats']:>2}\n")
+                     f"{'' if eff is None else f'{eff:.2f}':>5} {p['repeats']:>2}"
+                     + (f" {(p.get('predicted_step_s') or float('nan')) * 1e6:>12.2f}"
+                        if predicted else "") + "\n")
