@@ -27,7 +27,7 @@ fields whose metadata says so."""
 DEFAULTS = dict(kind="strong", ranks="1,2,4,8,16", seq_len=65536, tokens_per_rank=8192,
                 tiles="256,512,1024,2048,4096", wires=",".join(WIRES.names()),
                 reduces=",".join(SCHEDULES.names()), grids="2x4,1x8,4x2,8x1", repeats=3,
-                timeout=600.0, out="study.csv", launcher=None)
+                timeout=600.0, out="study.csv", launcher=None, kernel_sources="")
 """The study's own defaults (S_kv too: 65536 rather than gqa_mpi's 32768)."""
 
 
@@ -73,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     for kind, (_, option, _) in SWEEPS.items():
         s.add_argument(f"--{option}", help=f"values of the {kind} sweep "
                        f"(default {DEFAULTS[option]})")
+    s.add_argument("--kernel-sources", metavar="FILE,FILE,...",
+                   help="strong and weak: the same points for each kernel file, each run "
+                        "as --kernel-source (with --predict, their predicted steps are "
+                        "plotted side by side)")
     s.add_argument("--repeats", type=int, help="runs per point; medians are reported (3)")
     s.add_argument("--timeout", type=float, help="seconds before a run is killed (600)")
     s.add_argument("--out", help="results CSV, appended to and resumed from (study.csv)")
@@ -114,6 +118,10 @@ def settings(given: Dict):
         raise StudyError(str(e))
     args = argparse.Namespace(**values)
     check_study_args(args)
+    args.kernel_sources = words(args.kernel_sources) if args.kernel_sources else []
+    if args.kernel_sources and args.kind not in ("strong", "weak"):
+        raise StudyError(f"--kernel-sources is for strong and weak studies, not --kind "
+                         f"{args.kind}")
     if args.kind in SWEEPS:
         args.values = words(values[SWEEPS[args.kind][1]])
     else:

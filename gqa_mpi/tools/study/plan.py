@@ -92,8 +92,8 @@ def numerics(base: Config, ranks: List[int], reduces: List[str], wires: List[str
 
 def plan(kind: str, base: Config, ranks: List[int], tokens_per_rank: int,
          values: Optional[List[str]] = None, extra: Tuple[str, ...] = (),
-         reduces: Optional[List[str]] = None, wires: Optional[List[str]] = None
-         ) -> List[Point]:
+         reduces: Optional[List[str]] = None, wires: Optional[List[str]] = None,
+         kernels: Optional[List[str]] = None) -> List[Point]:
     """The study's points, in run order (without repeats); each one checked as it will
     be placed, so that a point gqa_mpi would refuse is refused here, before any launch."""
     if kind == "numerics":
@@ -101,9 +101,13 @@ def plan(kind: str, base: Config, ranks: List[int], tokens_per_rank: int,
             raise StudyError("a numerics study records the check's errors; drop --no-check")
         points = numerics(base, ranks, reduces or [], wires or [], extra)
     elif kind in ("strong", "weak"):
-        points = [Point(kind, n, base if kind == "strong"
-                        else replace(base, seq_len=tokens_per_rank * n), extra)
-                  for n in ranks]
+        try:
+            bases = [replace(base, kernel_source=k) for k in kernels] if kernels else [base]
+        except ValueError as e:
+            raise StudyError(f"--kernel-sources: {e}")
+        points = [Point(kind, n, b if kind == "strong"
+                        else replace(b, seq_len=tokens_per_rank * n), extra)
+                  for b in bases for n in ranks]
     else:
         name, option, read = SWEEPS[kind]
         try:

@@ -22,29 +22,42 @@ def _stacked(ax, x, pts, top_label: str) -> None:
 SPLIT = ("memory_s", "dot_s", "vector_s", "send_s", "wait_s")
 
 
-def _predicted(plt, title: str, n: List[int], pts: List[Dict], strong: bool):
-    """The accelerator's predicted step against the ranks beside the measured CPU step,
-    and the split of the PE that finished last."""
+def _kernel_name(p: Dict) -> str:
+    source = p.get("kernel_source") or "emulated"
+    return os.path.basename(source.split(":")[-1] if source.startswith("builtin:")
+                            else source).replace(".py", "")
+
+
+def _predicted(plt, title: str, pts: List[Dict], strong: bool):
+    """The accelerator's predicted step against the PEs, one line per kernel file, and
+    the split of the PE that finished last (of the first kernel)."""
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2))
-    a.plot(n, [p["predicted_step_s"] * 1e6 for p in pts], "o-", label="predicted step")
+    kernels = sorted({_kernel_name(p) for p in pts})
+    for name in kernels:
+        mine = sorted((p for p in pts if _kernel_name(p) == name), key=lambda p: p["ranks"])
+        a.plot([p["ranks"] for p in mine], [p["predicted_step_s"] * 1e6 for p in mine], "o-",
+               label=name)
+    n = sorted({p["ranks"] for p in pts})
+    first = min((p for p in pts if p["ranks"] == n[0]), key=lambda p: p["predicted_step_s"])
+    f = first["predicted_step_s"] * 1e6
+    a.plot(n, [f * n[0] / x if strong else f for x in n], "--", color="gray", label="ideal")
     a.set_xscale("log", base=2)
+    a.set_yscale("log" if strong else "linear")
     a.set_xticks(n, [str(x) for x in n])
     a.set_xlabel("PEs (C x P)")
     a.set_ylabel("predicted accelerator step, us")
     a.grid(alpha=0.3)
-    first = pts[0]["predicted_step_s"] * 1e6
-    a.plot(n, [first * n[0] / x if strong else first for x in n], "--", color="gray",
-           label="ideal")
     a.legend(fontsize=8)
-    x = range(len(n))
-    bottom = [0.0] * len(n)
+    mine = sorted((p for p in pts if _kernel_name(p) == kernels[0]), key=lambda p: p["ranks"])
+    x = range(len(mine))
+    bottom = [0.0] * len(mine)
     for key in SPLIT:
-        vals = [p[f"predicted_{key}"] * 1e6 for p in pts]
+        vals = [p[f"predicted_{key}"] * 1e6 for p in mine]
         b.bar(x, vals, bottom=bottom, label=key[:-2])
         bottom = [u + v for u, v in zip(bottom, vals)]
-    b.set_xticks(list(x), [str(v) for v in n])
+    b.set_xticks(list(x), [str(p["ranks"]) for p in mine])
     b.set_xlabel("PEs (C x P)")
-    b.set_ylabel("us, the last PE's split")
+    b.set_ylabel(f"us, the last PE's split ({kernels[0]})")
     b.legend(fontsize=8)
     fig.suptitle(title + " (--predict)", fontsize=9)
     return fig
@@ -92,44 +105,57 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
         written.append(path)
 
     for kind in ("strong", "weak"):
-        pts: List[Dict] = sorted((p for p in points if p["study"] == kind),
-                                 key=lambda p: p["ranks"])
-        if not pts:
-            continue
-        n = [p["ranks"] for p in pts]
-        step = [p["step"] * 1e3 for p in pts]
-        title = (f"{kind} scaling: S_kv = {pts[0]['seq_len']}" if kind == "strong" else
-                 f"weak scaling: {pts[0]['tokens_per_rank']} tokens per rank")
-        title += f", h_kv={pts[0]['heads_kv']}, d={pts[0]['head_dim']}"
+        every = [p for p in points if p["study"] == kind]
+        if every and all(p.get("predicted_step_s") for p in every):
+            title = (f"{kind} scaling: S_kv = {every[0]['seq_len']}" if kind == "strong"
+                     else f"weak scaling: {every[0]['tokens_per_rank']} tokens per rank")
+            save(_predicted(plt, title, every, kind == "strong"), f"{kind}_predicted.png")
+        # the measured plots, one per kernel file where a study holds several
+        for name in sorted({_kernel_name(p) for p in every}):
+            pts = sorted((p for p in every if _kernel_name(p) == name),
+                         key=lambda p: p["ranks"])
+            _measured(figure, save, kind, pts, "" if len({_kernel_name(p) for p in every}) == 1
+                      else f"-{name}")
+    _rest(plt, figure, save, points)
+    return written
 
-        fig, ax = figure(title, "MPI ranks (one PE each)",
-                         "step time, ms (local attention + reduction)", n)
-        ax.plot(n, step, "o-", label="measured (median of max over ranks)")
-        ideal = ([step[0] * n[0] / x for x in n] if kind == "strong" else [step[0]] * len(n))
-        ax.plot(n, ideal, "--", color="gray", label="ideal")
-        ax.set_yscale("log" if kind == "strong" else "linear")
-        ax.legend(fontsize=8)
-        save(fig, f"{kind}_time.png")
 
-        fig, ax = figure(title, "MPI ranks", "parallel efficiency", n)
-        ax.plot(n, [p["efficiency"] for p in pts], "o-")
-        ax.axhline(1.0, ls="--", color="gray")
-        ax.set_ylim(0, max(1.15, 1.05 * max(p["efficiency"] for p in pts)))
-        save(fig, f"{kind}_efficiency.png")
+def _measured(figure, save, kind: str, pts: List[Dict], suffix: str) -> None:
+    """The measured step, efficiency, breakdown and throughput of one kernel's points."""
+    n = [p["ranks"] for p in pts]
+    step = [p["step"] * 1e3 for p in pts]
+    title = (f"{kind} scaling: S_kv = {pts[0]['seq_len']}" if kind == "strong" else
+             f"weak scaling: {pts[0]['tokens_per_rank']} tokens per rank")
+    title += f", h_kv={pts[0]['heads_kv']}, d={pts[0]['head_dim']}"
 
-        fig, ax = figure(title + ": breakdown", "MPI ranks", "ms (median over repeats)")
-        _stacked(ax, range(len(n)), pts,
-                 "reduction and waiting beyond it (step - slowest local)")
-        ax.set_xticks(list(range(len(n))), [str(v) for v in n])
-        save(fig, f"{kind}_breakdown.png")
+    fig, ax = figure(title, "MPI ranks (one PE each)",
+                     "step time, ms (local attention + reduction)", n)
+    ax.plot(n, step, "o-", label="measured (median of max over ranks)")
+    ideal = ([step[0] * n[0] / x for x in n] if kind == "strong" else [step[0]] * len(n))
+    ax.plot(n, ideal, "--", color="gray", label="ideal")
+    ax.set_yscale("log" if kind == "strong" else "linear")
+    ax.legend(fontsize=8)
+    save(fig, f"{kind}_time{suffix}.png")
 
-        fig, ax = figure(title, "MPI ranks", "KV tokens per second (millions)", n)
-        ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
-        save(fig, f"{kind}_throughput.png")
+    fig, ax = figure(title, "MPI ranks", "parallel efficiency", n)
+    ax.plot(n, [p["efficiency"] for p in pts], "o-")
+    ax.axhline(1.0, ls="--", color="gray")
+    ax.set_ylim(0, max(1.15, 1.05 * max(p["efficiency"] for p in pts)))
+    save(fig, f"{kind}_efficiency{suffix}.png")
 
-        if all(p.get("predicted_step_s") for p in pts):
-            save(_predicted(plt, title, n, pts, kind == "strong"), f"{kind}_predicted.png")
+    fig, ax = figure(title + ": breakdown", "MPI ranks", "ms (median over repeats)")
+    _stacked(ax, range(len(n)), pts,
+             "reduction and waiting beyond it (step - slowest local)")
+    ax.set_xticks(list(range(len(n))), [str(v) for v in n])
+    save(fig, f"{kind}_breakdown{suffix}.png")
 
+    fig, ax = figure(title, "MPI ranks", "KV tokens per second (millions)", n)
+    ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
+    save(fig, f"{kind}_throughput{suffix}.png")
+
+
+def _rest(plt, figure, save, points: List[Dict]) -> None:
+    """The numerics study's errors and the sweeps' bars."""
     errors = [p for p in points if p["study"] == "numerics" and p["max_rel_err"] != "-"]
     if errors:
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
@@ -178,4 +204,3 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
                          f"{pts[0]['seq_len']}", field, "ms (median of max over ranks)")
         _stacked(ax, [str(p[field]) for p in pts], pts, "reduction beyond it")
         save(fig, f"{kind}_sweep.png")
-    return written

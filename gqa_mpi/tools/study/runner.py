@@ -113,7 +113,8 @@ def run_point(point: Point, repeat: int, launcher: Optional[str], timeout: float
 def run_study(args, base) -> int:
     """Run (or resume) the study ``args`` describes around the config ``base``."""
     points = plan(args.kind, base, args.ranks, args.tokens_per_rank, args.values,
-                  tuple(args.extra), words(args.reduces), words(args.wires))
+                  tuple(args.extra), words(args.reduces), words(args.wires),
+                  getattr(args, "kernel_sources", None))
     runs = [(p, r) for p in points for r in range(args.repeats)]
     done = {(r["run_id"], int(r["repeat"])) for r in read_results(args.out, repair=True)
             if r["status"] == "ok"}
