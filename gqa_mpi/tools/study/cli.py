@@ -110,6 +110,9 @@ def settings(given: Dict):
     extra = values.pop("extra", [])
     values["extra"] = shlex.split(extra) if isinstance(extra, str) else list(extra or [])
     kw = {k: values.pop(k) for k in CONFIG_FIELDS if k in values}
+    sources = words(values.get("kernel_sources") or "")
+    if sources and kw.get("kernel_source") is None:
+        kw["kernel_source"] = sources[0]         # the base; each point takes its own
     try:
         if isinstance(kw.get("grid"), str):
             kw["grid"] = parse_grid(kw["grid"])
