@@ -194,10 +194,11 @@ def medians(rows: Iterable[Dict]) -> List[Dict]:
 
 def scaling(points: List[Dict]) -> List[Dict]:
     """Speed-up and parallel efficiency of the step time against the fewest ranks."""
-    for kind in ("strong", "weak"):
-        pts = [p for p in points if p["study"] == kind]
-        if not pts:
+    for kind, source in {(p["study"], p.get("kernel_source", "")) for p in points}:
+        if kind not in ("strong", "weak"):
             continue
+        pts = [p for p in points if p["study"] == kind
+               and p.get("kernel_source", "") == source]       # each kernel against itself
         ref = min(pts, key=lambda p: p["ranks"])
         for p in pts:
             ratio = p["ranks"] / ref["ranks"]
@@ -227,10 +228,12 @@ def summarise(rows: List[Dict], stream) -> None:
     if not points:
         return
     predicted = any(p.get("predicted_step_s") for p in points)
+    kernels = len({p.get("kernel_source", "") for p in points}) > 1
     stream.write(f"{'study':>6} {'ranks':>5} {'S_kv':>9} {'tile':>5} {'wire':>6} "
                  f"{'reduce':>15} {'grid':>4} {'steps':>5} {'step ms':>9} {'local ms':>9} "
                  f"{'beyond ms':>9} {'eff':>5} {'n':>2}"
-                 + (f" {'predicted us':>12}" if predicted else "") + "\n")
+                 + (f" {'predicted us':>12}" if predicted else "")
+                 + ("  kernel" if kernels else "") + "\n")
     for p in points:
         eff = p.get("efficiency")
         stream.write(f"{p['study']:>6} {p['ranks']:>5} {p['seq_len']:>9} {p['tile']:>5} "
@@ -240,4 +243,5 @@ def summarise(rows: List[Dict], stream) -> None:
                      f"{(p['step'] - p['local_attention']) * 1e3:>9.2f} "
                      f"{'' if eff is None else f'{eff:.2f}':>5} {p['repeats']:>2}"
                      + (f" {(p.get('predicted_step_s') or float('nan')) * 1e6:>12.2f}"
-                        if predicted else "") + "\n")
+                        if predicted else "")
+                     + (f"  {p.get('kernel_source', '')}" if kernels else "") + "\n")
