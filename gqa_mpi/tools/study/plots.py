@@ -24,8 +24,9 @@ SPLIT = ("memory_s", "dot_s", "vector_s", "send_s", "wait_s")
 
 def _kernel_name(p: Dict) -> str:
     source = p.get("kernel_source") or "emulated"
-    return os.path.basename(source.split(":")[-1] if source.startswith("builtin:")
+    name = os.path.basename(source.split(":")[-1] if source.startswith("builtin:")
                             else source).replace(".py", "")
+    return name.lstrip("_")               # matplotlib hides labels that start with _
 
 
 def _predicted(plt, title: str, pts: List[Dict], strong: bool):
@@ -57,7 +58,8 @@ def _predicted(plt, title: str, pts: List[Dict], strong: bool):
         bottom = [u + v for u, v in zip(bottom, vals)]
     b.set_xticks(list(x), [str(p["ranks"]) for p in mine])
     b.set_xlabel("PEs (C x P)")
-    b.set_ylabel(f"us, the last PE's split ({kernels[0]})")
+    b.set_ylabel("us, the last PE's split")
+    b.set_title(kernels[0], fontsize=9)
     b.legend(fontsize=8)
     fig.suptitle(title + " (--predict)", fontsize=9)
     return fig
