@@ -362,6 +362,20 @@ def _sizes(text: str) -> List[int]:
     return out
 
 
+def _launch_rows(title: str, rows: List[Dict], columns) -> None:
+    """A table of one row per launch: ranks, tokens per rank, G, then ``columns``
+    (header, width, text of a row); a failed launch says why."""
+    print("\n" + title)
+    print(f"{'ranks':>5} {'tokens/rank':>11} {'G':>3} "
+          + " ".join(f"{h:>{w}}" for h, w, _ in columns))
+    for r in rows:
+        if "error" in r:
+            print(f"{r['ranks']:>5}  failed: {r['error']}")
+            continue
+        print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
+              + " ".join(f"{text(r):>{w}}" for _, w, text in columns))
+
+
 def print_tables(result: Dict) -> None:
     local = result.get("local")
     if local:
@@ -423,31 +437,21 @@ def print_tables(result: Dict) -> None:
                   f"{r['local_over_limit']:>11.2f} {r['skew_s'] * 1e3:>7.2f} "
                   f"{r['beyond_s'] * 1e3:>9.2f}")
     if result.get("source"):
-        print(f"\n--kernel-source {result['source_file']} from real mpirun launches, "
-              f"h_kv=1: the kernel run through gqa_mpi's tl\nover the same float16 tiles "
-              f"swept by the NumPy kernel (slowest rank, one launch each)")
-        print(f"{'ranks':>5} {'tokens/rank':>11} {'G':>3} {'tl ms':>9} {'numpy ms':>9} "
-              f"{'tl/numpy':>9}")
-        for r in result["source"]:
-            if "error" in r:
-                print(f"{r['ranks']:>5}  failed: {r['error']}")
-                continue
-            print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
-                  f"{r['source_s'] * 1e3:>9.1f} {r['numpy_s'] * 1e3:>9.1f} "
-                  f"{r['source_over_numpy']:>9.2f}")
+        _launch_rows(f"--kernel-source {result['source_file']} from real mpirun launches, "
+                     f"h_kv=1: the kernel run through gqa_mpi's tl\nover the same float16 "
+                     f"tiles swept by the NumPy kernel (slowest rank, one launch each)",
+                     result["source"], [("tl ms", 9, lambda r: f"{r['source_s'] * 1e3:.1f}"),
+                                        ("numpy ms", 9, lambda r: f"{r['numpy_s'] * 1e3:.1f}"),
+                                        ("tl/numpy", 9, lambda r: f"{r['source_over_numpy']:.2f}")])
     if result.get("predict"):
-        print(f"\n--kernel-source {result['predict_file']} --predict {result['profile']} from "
-              f"real mpirun launches: the predicted step over the measured one (the slowest "
-              f"rank's call of the kernel, one launch each)")
-        print(f"{'ranks':>5} {'tokens/rank':>11} {'G':>3} {'measured ms':>11} "
-              f"{'predicted ms':>12} {'predicted/measured':>18}")
-        for r in result["predict"]:
-            if "error" in r:
-                print(f"{r['ranks']:>5}  failed: {r['error']}")
-                continue
-            print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
-                  f"{r['measured_s'] * 1e3:>11.1f} {r['predicted_s'] * 1e3:>12.1f} "
-                  f"{r['predicted_over_measured']:>18.2f}")
+        _launch_rows(f"--kernel-source {result['predict_file']} --predict {result['profile']} "
+                     f"from real mpirun launches: the predicted step over the measured one "
+                     f"(the slowest rank's call of the kernel, one launch each)",
+                     result["predict"],
+                     [("measured ms", 11, lambda r: f"{r['measured_s'] * 1e3:.1f}"),
+                      ("predicted ms", 12, lambda r: f"{r['predicted_s'] * 1e3:.1f}"),
+                      ("predicted/measured", 18,
+                       lambda r: f"{r['predicted_over_measured']:.2f}")])
     s = result.get("startup")
     if s:
         print(f"\nstart-up: import gqa_mpi {s['import_s'] * 1e3:.0f} ms; 16-rank tiny run "
