@@ -184,7 +184,7 @@ def trace_events(prediction: Prediction, pid: int = 10 ** 6) -> List[Dict]:
                 args["dir"] = direction
             events.append(dict(name=f"tl.{name}", cat="predicted", ph="X", pid=pid,
                                tid=pe.rank, ts=t0 * 1e6, dur=(t1 - t0) * 1e6, args=args))
-    flow = 0
+    flow = pid          # ids apart from the measured arrows' (which count from 0)
     for pe in prediction.pes:
         for _, m, _ in pe.recvs:
             flow += 1
