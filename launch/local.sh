@@ -12,7 +12,7 @@ out=${1:-study-$(hostname)}
 mkdir -p "$out"
 common=(--ranks "${RANKS:-1,2,4,8,16}" --repeats "${REPEATS:-3}"
         --heads-kv "${HEADS_KV:-8}" --head-dim "${HEAD_DIM:-128}" --timeout 900)
-# No float64 check in a timing study: it would hold all of K and V on rank 0.
+# No float64 check in a timing study: it would add about as long as the inputs to every launch.
 python -m gqa_mpi.study run --kind strong --seq-len "${SEQ_LEN:-1048576}" \
     --out "$out/strong.csv" "${common[@]}" -- --no-check
 python -m gqa_mpi.study run --kind weak --tokens-per-rank "${TOKENS_PER_RANK:-65536}" \
