@@ -646,3 +646,23 @@ def test_a_predicted_source_run_records_specs_object_and_a_predicted_trace(tmp_p
         assert any(e["ph"] == "X" and e["name"] == "tl.dot" for e in predicted)
         assert sum(e["ph"] == "s" for e in predicted) == sum(
             sum(n for n, _ in pe["source"]["received"].values()) for pe in record["ranks"]) // 2
+
+
+def test_the_library_loop_predicts_and_refuses_a_bad_profile_on_every_rank():
+    from gqa_mpi import Decoder
+    comm = sub_world(4)
+    if comm == MPI.COMM_NULL:
+        return
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal((1, 4 * 16)).astype(np.float32)
+    k = rng.standard_normal((50, 16)).astype(np.float16)
+    with pytest.raises(ValueError) as e:
+        Decoder(q, k, k, heads_kv=1, kernel_source="builtin:corrected", predict="tpu-v9",
+                comm=comm)
+    assert all("shipped profiles" in m for m in comm.allgather(str(e.value)))
+    with Decoder(q, k, k, heads_kv=1, kernel_source="builtin:corrected",
+                 predict="example-npu", comm=comm) as dec:
+        dec.step()
+        record, _ = dec.record()
+    assert record.predicted["profile"] == "example-npu" and record.predicted["step_s"] > 0
+    comm.Free()

@@ -116,9 +116,12 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
             created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         replayed = None
         if calls is not None:
-            record.predicted, replayed = predict_steps(
-                calls, cfg.layout, load_profile(cfg.predict),
-                max(s.source["scratch_peak"] for s in stats))
+            try:        # rank 0 alone replays: a failure must not leave the others waiting
+                record.predicted, replayed = predict_steps(
+                    calls, cfg.layout, load_profile(cfg.predict),
+                    max(s.source["scratch_peak"] for s in stats))
+            except (ValueError, OSError) as e:
+                record.predicted = dict(profile=cfg.predict, error=str(e))
         if events is not None:
             trace = chrome_trace(events, [s.place for s in stats])
             if replayed is not None:

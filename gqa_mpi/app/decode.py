@@ -30,6 +30,7 @@ from mpi4py import MPI
 
 from ..core.config import Config, roles
 from ..core.partition import token_range
+from ..core.profile import load as load_profile
 from ..mpi import watchdog
 from ..mpi.step import Rank
 from ..mpi.topology import Topology
@@ -193,6 +194,8 @@ class Decoder:
             if cfg.steps != 1:
                 raise ValueError("steps= is the command line's generated loop (python -m "
                                  "gqa_mpi --steps N); a library loop calls step() N times")
+            if cfg.predict is not None:        # read now: rank 0 replays at the end
+                load_profile(cfg.predict)
         except ValueError as e:
             error = str(e)
         agree(comm, error)

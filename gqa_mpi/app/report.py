@@ -173,6 +173,8 @@ def duration(seconds: float) -> str:
 def _predicted_lines(record: RunRecord) -> List[str]:
     """The accelerator's predicted step, its last PE's split, the critical path."""
     p = record.predicted
+    if "error" in p:
+        return [f"predicted not replayed on {p['profile']}: {p['error']}"]
     last = next(pe for pe in p["pes"] if pe["rank"] == p["last_pe"])
     place = record.ranks[p["last_pe"]].place
     split = ", ".join(f"{k[:-2]} {duration(last[k])}" for k in

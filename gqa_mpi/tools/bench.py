@@ -304,6 +304,9 @@ def predict_table(source: str, profile: str, ranks: List[int], per_rank: int, gr
                 rec = RunRecord.load(path)
                 measured = rec.timings()["step"]["max"]
                 p = rec.predicted
+                if "error" in p:
+                    rows.append(dict(ranks=n, error=f"not replayed: {p['error']}"))
+                    break
                 rows.append(dict(ranks=n, tokens_per_rank=per_rank, G=group,
                                  measured_s=measured, predicted_s=p["step_s"],
                                  predicted_over_measured=p["step_s"] / measured,

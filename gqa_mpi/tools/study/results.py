@@ -160,7 +160,7 @@ def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> D
         value = None if check is None else getattr(check, key)
         row[key] = "" if value is None else value
     p = rec.predicted
-    if p is not None:
+    if p is not None and "error" not in p:
         last = next(pe for pe in p["pes"] if pe["rank"] == p["last_pe"])
         row.update(predicted_step_s=p["step_s"], predicted_last_pe=p["last_pe"],
                    **{f"predicted_{k}": last[k] for k in ("memory_s", "dot_s", "vector_s",
