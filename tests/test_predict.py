@@ -188,3 +188,10 @@ def test_a_profile_is_refused_in_one_line_naming_what_is_wrong(tmp_path):
         load_profile("no-such-npu")
     assert set(SCHEMA) == {"pe", "noc", "inter"}
     assert load_profile("example-npu").noc.bytes_per_s == 6.4e10     # SPEC's numbers
+
+
+def test_a_replay_whose_messages_were_never_sent_says_so():
+    from gqa_mpi.core.grid import Grid
+    calls = {0: [("recv", "recv", 16, "intra_E", 3)], 1: []}
+    with pytest.raises(ValueError, match="rank 0 at call 0 wait for messages that were never"):
+        replay(calls, Grid(1, 2, 4), PROFILE)
