@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from ..core import loop
+from ..core.tl import Counters
 from .check import CONTROL_FACTOR
 from .record import Comparison, RunRecord
 from .sizing import fmt
@@ -114,12 +115,10 @@ def _source_lines(record: RunRecord) -> List[str]:
         lines.append(f"numerics  inf or NaN first made by {shown}")
     lines.append(f"scratch   high-water {fmt(max(s['scratch_peak'] for s in every))} per "
                  f"rank (max); persistent {fmt(max(s['persistent'] for s in every))}")
-    sent: Dict[str, List[int]] = {}
+    sent = Counters()
     for s in every:
-        for d, (n, b) in s["sent"].items():
-            t = sent.setdefault(d, [0, 0])
-            t[0], t[1] = t[0] + n, t[1] + b
-    directions = ", ".join(f"{d} {n} ({fmt(b)})" for d, (n, b) in sent.items()) or "none"
+        sent.add(Counters(sent=s["sent"]))        # the kernel's own sum of directions
+    directions = ", ".join(f"{d} {n} ({fmt(b)})" for d, (n, b) in sent.sent.items()) or "none"
     lines.append(f"traffic   loaded {fmt(sum(s['loaded_bytes'] for s in every))}, tl.dot "
                  f"{sum(s['dot_flops'] for s in every) / 1e9:.3g} GFLOP; messages "
                  f"{directions}")

@@ -35,10 +35,8 @@ from .grid import Grid
 from .profile import Profile
 
 KINDS = ("mem", "dot", "vec", "send", "recv")
-BUCKETS = {"mem": "memory_s", "dot": "dot_s", "vec": "vector_s", "send": "send_s",
-           "recv": "send_s"}
-OPPOSITE = {"intra_E": "intra_W", "intra_W": "intra_E", "intra_S": "intra_N",
-            "intra_N": "intra_S", "E": "W", "W": "E"}
+BUCKETS = {"mem": "memory_s", "dot": "dot_s", "vec": "vector_s"}
+"""The split a PE's own calls go to (send and recv are the replay's, below)."""
 
 Call = Tuple[str, str, float, Optional[str], Optional[int]]
 

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import sys
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
@@ -54,6 +54,7 @@ BASE = 1 << 40
 MAX_NONFINITE = 5
 """Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
+UNTRACED = nullcontext()
 REDUCTIONS = frozenset(("sum", "max", "min"))
 """Calls costed by their operand's elements; the other ops by their result's."""
 FREE = frozenset(("[]", "reshape"))
@@ -69,32 +70,6 @@ class KernelFault(Exception):
     def __init__(self, call: str, message: str, line: Optional[int] = None):
         super().__init__(message)
         self.call, self.message, self.line = call, message, line
-
-
-def dtype_of(name, call: str = "dtype") -> np.dtype:
-    """``"f16"``/``"f32"`` (or a NumPy float dtype) -> the NumPy dtype."""
-    if isinstance(name, str) and name in DSL:
-        return DSL[name]
-    try:
-        dt = np.dtype(name)
-    except TypeError:
-        dt = None
-    if dt not in DSL_NAMES:
-        raise KernelFault(call, f"tl.{call}: dtype must be 'f16' or 'f32', got {name!r}")
-    return dt
-
-
-def _shape(shape, call: str) -> Tuple[int, ...]:
-    shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
-    try:
-        shape = tuple(shape)
-    except TypeError:
-        shape = (shape,)
-    if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0
-               for s in shape):
-        raise KernelFault(call, f"tl.{call}: a shape is non-negative integers, got "
-                                f"{shape!r}")
-    return tuple(int(s) for s in shape)
 
 
 def _align(*arrays):
@@ -380,16 +355,30 @@ class Backend:
         return KernelFault(call, message, self.monitor.line())
 
     def _sh(self, shape, call: str) -> Tuple[int, ...]:
+        """A shape argument as a tuple of ints; a fault otherwise."""
+        shape = (shape,) if isinstance(shape, (int, np.integer)) else shape
         try:
-            return _shape(shape, call)
-        except KernelFault as f:
-            raise self.fault(call, f.message) from None
+            shape = tuple(shape)
+        except TypeError:
+            shape = (shape,)
+        if not all(isinstance(s, (int, np.integer)) and not isinstance(s, bool) and s >= 0
+                   for s in shape):
+            raise self.fault(call, f"tl.{call}: a shape is non-negative integers, got "
+                                   f"{shape!r}")
+        return tuple(int(s) for s in shape)
 
     def _dt(self, dtype, call: str) -> np.dtype:
+        """``"f16"``/``"f32"`` (or a NumPy float dtype) as the NumPy dtype; a fault
+        otherwise."""
+        if isinstance(dtype, str) and dtype in DSL:
+            return DSL[dtype]
         try:
-            return dtype_of(dtype, call)
-        except KernelFault as f:
-            raise self.fault(call, f.message) from None
+            dt = np.dtype(dtype)
+        except TypeError:
+            dt = None
+        if dt not in DSL_NAMES:
+            raise self.fault(call, f"tl.{call}: dtype must be 'f16' or 'f32', got {dtype!r}")
+        return dt
 
     def _array(self, x, call: str):
         """An operand as NumPy: a live tensor's array, or a Python number."""
@@ -412,11 +401,8 @@ class Backend:
         """An elementwise call: ``fn`` on the aligned operands, one NumPy call."""
         arrays = _align(*(self._array(x, name) for x in operands))
         try:
-            if self.monitor.rec is None:
+            with self._traced(name):
                 out = fn(*arrays)
-            else:
-                with self.monitor.span(name):
-                    out = fn(*arrays)
         except (ValueError, IndexError, TypeError) as e:
             shapes = " and ".join(str(np.shape(x)) for x in arrays)
             what = (f"operands of '{name}' do not broadcast: {shapes}"
@@ -474,14 +460,10 @@ class Backend:
         shape, dt = self._sh(shape, "load"), self._dt(dtype, "load")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         r, off = self._find(ptr, nbytes, "load")
-        # a view: the store that follows into this region copies the region first
-        a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
+        with self._traced("load", shape=list(shape), dtype=DSL_NAMES[dt], bytes=nbytes):
+            # a view: the store that follows into this region copies the region first
+            a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
         r.lent = True
-        if self.monitor.rec is not None:
-            self.monitor.rec.span_at("tl.load", "tl", time.perf_counter(),
-                                     time.perf_counter(), dict(
-                                         shape=list(shape), dtype=DSL_NAMES[dt],
-                                         bytes=nbytes, line=self.monitor.line()))
         self.count.loaded_bytes += nbytes
         self.monitor.call("load", "mem", nbytes)
         if r.row_bytes:
@@ -615,13 +597,10 @@ class Backend:
         if self.link is None:
             raise self.fault(call, f"tl.{call}: this PE has no links (a single-PE run)")
 
-    @contextmanager
     def _traced(self, name: str, **args):
-        if self.monitor.rec is None:
-            yield
-        else:
-            with self.monitor.span(name, **args):
-                yield
+        """A span of the trace around a call; nothing to do (a shared null context) when
+        there is no trace, so that the calls pay nothing for it."""
+        return UNTRACED if self.monitor.rec is None else self.monitor.span(name, **args)
 
 
 def run_kernel(fn, backend: Backend, T_q: int, S_kv: int, h_q: int, h_kv: int, d: int,

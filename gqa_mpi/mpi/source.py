@@ -97,15 +97,16 @@ class SourceStep:
         return (f"gqa_mpi: error: kernel fault on rank {self.topo.rank} (cube {place.cube}, "
                 f"PE {place.pe}): {fault.message} (tl.{fault.call} at {where})")
 
+    def _frames(self, exc: BaseException) -> list:
+        """The exception's traceback, trimmed to the kernel file's frames."""
+        return [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == self.path]
+
     def _innermost(self, exc: BaseException) -> Optional[int]:
-        """The line of the kernel's file nearest the raise, from the traceback."""
-        lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__)
-                 if f.filename == self.path]
-        return lines[-1] if lines else None
+        """The line of the kernel's file nearest the raise."""
+        frames = self._frames(exc)
+        return frames[-1].lineno if frames else None
 
     def _own_exception(self, exc: BaseException) -> str:
         """The kernel's exception with its traceback trimmed to FILE's frames."""
-        frames = [f for f in traceback.extract_tb(exc.__traceback__)
-                  if f.filename == self.path]
-        text = "".join(traceback.format_list(frames))
+        text = "".join(traceback.format_list(self._frames(exc)))
         return f"{text}{type(exc).__name__}: {exc}"

@@ -31,23 +31,13 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import platform  # noqa: E402
 import time  # noqa: E402
-from typing import Callable, Dict  # noqa: E402
+from typing import Dict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 from ..core.profile import PROFILES_DIR, Link, Profile, to_toml  # noqa: E402
 from ..exits import Exit  # noqa: E402
-
-
-def best(fn: Callable[[], object], repeats: int, number: int = 1) -> float:
-    """The fastest of ``repeats`` rounds of ``number`` calls, seconds per call."""
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        for _ in range(number):
-            fn()
-        times.append((time.perf_counter() - t0) / number)
-    return min(times)
+from .bench import best_of as best  # noqa: E402
 
 
 def memory(repeats: int) -> Dict[str, float]:
