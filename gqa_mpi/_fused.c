@@ -20,6 +20,35 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Tokens per block of a tile's sweep (a multiple of 16), blocks of prefetch distance,
+ * and dimensions per chunk of a score's sum: see _sweep.h. */
+#ifndef SUB
+#define SUB 64
+#endif
+#ifndef AHEAD
+#define AHEAD 2
+#endif
+#ifndef DCH
+#define DCH 8
+#endif
+#ifndef HINT
+#define HINT 2
+#endif
+
+/* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
+#define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
+
+/* The scratch of one sweep_head call, in floats: a block's scores (8 rows), the rows
+ * transposed, and the tile's partial (m, l, O) of every row. */
+#define SCRATCH_FLOATS(R, d) (8 * SUB + (R) * (d) * 2 + 2 * (R))
+
+/* Ask for the cache line at p (a hint: an address past the array is no fault). */
+#ifdef NOPF
+#define PREFETCH(p) ((void)0)
+#else
+#define PREFETCH(p) __builtin_prefetch((p), 0, HINT)
+#endif
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GQA_X86 1
 #include <immintrin.h>
@@ -56,7 +85,7 @@
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
-                         float *, float *, float *, float *, Py_ssize_t);
+                         float *, float *, float *, float *);
 
 static sweep_fn chosen = sweep_head_generic;
 static const char *chosen_name = "generic";
@@ -108,11 +137,10 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         REQUIRE(b[6].ndim == 1 && b[6].shape[0] == R && is_i64(&b[6]), "sweep: row_hi must be (R,) int64");
         row_hi = (const Py_ssize_t *)b[6].buf;
     }
-    if (tile > S) tile = S > 0 ? S : 1;  /* scratch is sized by the tile: never beyond S */
+    if (tile > S) tile = S > 0 ? S : 1;
     if (hi > lo && R > 0 && d > 0) {
-        const Py_ssize_t sw = 16 * ((tile + 15) / 16 + 1);  /* a tile spans at most this */
-        float *scratch = NULL;  /* scores, weights, rows and O of one tile: 8*(2*sw + 2*d) */
-        if (posix_memalign((void **)&scratch, 64, sizeof(float) * 16 * (size_t)(sw + d))) {
+        float *scratch = NULL;
+        if (posix_memalign((void **)&scratch, 64, sizeof(float) * (size_t)SCRATCH_FLOATS(R, d))) {
             PyErr_NoMemory();
             goto done;
         }
@@ -123,7 +151,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
                    (const char *)k->buf + (size_t)h * nb * d * 16 * es,
                    (const char *)v->buf + (size_t)h * S * d * es, half, R, d, lo, hi, tile,
                    row_hi, (float *)m->buf + h * R, (float *)l->buf + h * R,
-                   (float *)O->buf + h * R * d, scratch, sw);
+                   (float *)O->buf + h * R * d, scratch);
         Py_END_ALLOW_THREADS
         free(scratch);
     }
@@ -133,6 +161,53 @@ done:
     for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
     return result;
 #undef REQUIRE
+}
+
+/* Stream n bytes once with vectors of VB bytes, eight loads in flight; the sum of
+ * their 64-bit words keeps the loads from being optimised away. Compiled per
+ * instruction set like the sweep: the read limit the bench holds the sweep to. */
+#define READ_FN(NAME_, VB, TARGET)                                                      \
+    TARGET static uint64_t NAME_(const char *p, size_t n) {                             \
+        typedef uint64_t vu __attribute__((vector_size(VB)));                           \
+        vu acc[8] = {{0}};                                                              \
+        size_t i = 0;                                                                   \
+        for (; i + 8 * VB <= n; i += 8 * VB)                                            \
+            for (int u = 0; u < 8; u++) {                                               \
+                vu x;                                                                   \
+                memcpy(&x, p + i + (size_t)u * VB, VB);                                 \
+                acc[u] += x;                                                            \
+            }                                                                           \
+        uint64_t out = 0;                                                               \
+        for (int u = 1; u < 8; u++) acc[0] += acc[u];                                   \
+        for (size_t w = 0; w < VB / 8; w++) out += acc[0][w];                          \
+        for (; i + 8 <= n; i += 8) {                                                    \
+            uint64_t w;                                                                 \
+            memcpy(&w, p + i, 8);                                                       \
+            out += w;                                                                   \
+        }                                                                               \
+        for (; i < n; i++) out += (unsigned char)p[i];                                  \
+        return out;                                                                     \
+    }
+#ifdef GQA_X86
+READ_FN(read_avx512, 64, __attribute__((target("avx512f"))))
+READ_FN(read_avx2, 32, __attribute__((target("avx2"))))
+#endif
+READ_FN(read_generic, 16, )
+
+static PyObject *read_all(PyObject *self, PyObject *arg) {
+    Py_buffer b;
+    if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    uint64_t (*fn)(const char *, size_t) = read_generic;
+#ifdef GQA_X86
+    if (chosen == sweep_head_avx512) fn = read_avx512;
+    else if (chosen == sweep_head_avx2) fn = read_avx2;
+#endif
+    uint64_t out;
+    Py_BEGIN_ALLOW_THREADS
+    out = fn((const char *)b.buf, (size_t)b.len);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&b);
+    return PyLong_FromUnsignedLongLong(out);
 }
 
 /* Point `chosen` at the best path the CPU runs, no better than `want` (NULL: best). */
@@ -172,6 +247,8 @@ static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi): see the module source"},
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
                          "this CPU supports; returns the one chosen"},
+    {"read", read_all, METH_O, "read(buffer): stream a C-contiguous buffer once, on the sweep's instruction set; "
+                               "returns the sum of its 64-bit words (and of a tail's bytes): the bench's read limit"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on"},
     {NULL, NULL, 0, NULL},
 };

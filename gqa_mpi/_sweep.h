@@ -2,16 +2,24 @@
  * _fused.c once per instruction set (AVX-512, AVX2+FMA+F16C, and plain C).
  *
  * Before each inclusion: VL (lanes per vector: 16, 8 or 4; 16 and 8 use the AVX-512
- * and F16C conversions of float16), ACC (vector accumulators
- * the P @ V loop may keep in registers) and SUFFIX (appended to the function names).
+ * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
+ * registers) and SUFFIX (appended to the function names).
  *
- * One call sweeps tokens [lo, hi) of one KV head for all R query rows, in tiles:
- *   pass 1  scores of a block of 16 tokens for RB rows at once (K block is (d, 16),
- *           so every K value is loaded once and multiplied into RB accumulators);
- *   pass 2  the tile's max, exp(s - m) and its sum, per row;
- *   pass 3  P @ V with RB x W accumulators over the tile's V rows, then the tile's
- *           partial (its own l and O, summed from zero) is merged into the running one.
- * Summing each tile from zero keeps float32 error near rounding at 256K tokens.
+ * One call sweeps tokens [lo, hi) of one KV head for all R query rows, in tiles of
+ * `tile` tokens. A tile is swept in blocks of SUB tokens; per block and per group of
+ * RB rows (8, 4, 2 or 1):
+ *   scores   RB x SUB, every K value loaded once and multiplied into RB x UB
+ *            accumulators (UB vectors of tokens at once);
+ *   softmax  the block's max per row; where it raises the tile's max, the tile's
+ *            partial is rescaled; the weights exp(s - m) overwrite the scores;
+ *   P @ V    RB x W accumulators over the block's V rows, 32 rows (in L1) at a time.
+ * A tile's partial (its own m, l and O, summed from zero) is merged into the running
+ * one at the tile's end: summing each tile from zero keeps float32 error near rounding
+ * at 256K tokens.
+ *
+ * The memory never waits for the flops: while the first row group works on block n,
+ * it asks for K and V of block n + AHEAD, a few cache lines per step of its loops, so
+ * that the lines of the whole slice are requested at the pace they are used.
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -69,186 +77,212 @@ static inline __attribute__((always_inline)) VF NAME(vexp)(VF x) {
     return NAME(sel)(tiny, zero, p * scale);   /* NaN is not tiny: it stays NaN */
 }
 
-/* One row block of one tile: rows q[0..RB) (pre-scaled), tokens [t0, t1) of the
- * slice. K blocks are (d, 16); blocks b0 .. b1-1 cover the tile. Scratch: sc holds
- * the scores (RB x sw, token t at column t - 16*b0), pt the weights token-major
- * (sw x RB), qt the rows transposed (d x RB), ot the tile's O (RB x d). With
- * `fetch`, pass 1 also asks for the V rows of its block (for pass 3) and for the K
- * block `AHEAD` blocks on (up to block kb_end), one cache line per step. */
-#ifndef AHEAD
-#define AHEAD 4
-#endif
-#ifndef KHINT
-#define KHINT 2
-#endif
-#ifndef DCH
-#define DCH 8
-#endif
-#ifndef VFETCH
-#define VFETCH 1
-#endif
-static inline __attribute__((always_inline)) void NAME(tile_rows)(
-        const int RB, const int W, const int half, const float *q, const void *k,
-        const void *v, const Py_ssize_t d, const Py_ssize_t t0, const Py_ssize_t t1,
-        const Py_ssize_t *row_hi, float *m, float *l, float *O, float *sc, float *pt,
-        float *qt, const Py_ssize_t sw, float *ot, const Py_ssize_t kb_end, const int fetch) {
-    const Py_ssize_t b0 = t0 / 16, b1 = (t1 + 15) / 16;
-    const size_t es = half ? 2 : 4;
-    const Py_ssize_t base = 16 * b0;
+/* Scores of RB rows against UB vectors of tokens (vector u at element offset kofs[u]
+ * of K, dimension i at + 16 * i), into sc (row r at r * SUB, vector u at u * VL).
+ * The sum over d goes in chunks of DCH dimensions, each summed from zero and then
+ * added to the total: with |scores| large (1e5, say) a single running sum over d
+ * rounds d times at the total's magnitude, several times what BLAS does. */
+static inline __attribute__((always_inline)) void NAME(scores)(
+        const int RB, const int UB, const int half, const float *qt, const void *k,
+        const Py_ssize_t d, const size_t *kofs, float *sc, const size_t ahead) {
+    const VF zero = {0};
+    for (Py_ssize_t i0 = 0; i0 < d; i0 += DCH) {
+        const Py_ssize_t i1 = i0 + DCH < d ? i0 + DCH : d;
+        VF acc[8][ACC];
+        for (int r = 0; r < RB; r++)
+            for (int u = 0; u < UB; u++) acc[r][u] = zero;
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            /* a row of a K block is 16 values: 64 bytes (float32) or 32 (float16) */
+            if (ahead && (!half || !(i & 1)))
+                for (int u = 0; u < UB; u++)
+                    if (!(u * VL % 16))     /* the first vector of its block */
+                        PREFETCH((const char *)k + (kofs[u] + (size_t)i * 16) * (half ? 2 : 4) + ahead);
+            VF kv[ACC];
+            for (int u = 0; u < UB; u++) kv[u] = LOADV(half, k, kofs[u] + (size_t)i * 16);
+            for (int r = 0; r < RB; r++) {
+                const float qv = qt[i * RB + r];
+                for (int u = 0; u < UB; u++) acc[r][u] += qv * kv[u];
+            }
+        }
+        for (int r = 0; r < RB; r++)
+            for (int u = 0; u < UB; u++) {
+                float *at = sc + r * SUB + u * VL;
+                VF s = acc[r][u];
+                if (i0) s += NAME(ld32)(at);
+                memcpy(at, &s, sizeof s);
+            }
+    }
+}
+
+/* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows:
+ * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
+ * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. fk and fv, when
+ * given, are the prefetch streams of K and V; this block asks for its share of each. */
+static inline __attribute__((always_inline)) void NAME(block_rows)(
+        const int RB, const int UB, const int W, const int half, const float *qt,
+        const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
+        const Py_ssize_t s1, const Py_ssize_t *hi, float *mt, float *lt, float *Ot,
+        float *sc, const size_t ahead) {
+    const Py_ssize_t b0 = s0 / 16, base = 16 * b0;
+    const int nv = (int)(((s1 + 15) / 16 - b0) * 16 / VL);   /* vectors of tokens */
     const VF zero = {0}, ninf = zero + -INFINITY;
-    const VI izero = {0};
+    /* scores: UB vectors at a time, then one at a time for the rest */
+    const int whole = nv / UB * UB;
+    size_t kofs[ACC];
+    for (int u0 = 0; u0 < nv; u0 += u0 < whole ? UB : 1) {
+        const int n = u0 < whole ? UB : 1;
+        for (int u = 0; u < n; u++) {
+            const Py_ssize_t tok = base + (Py_ssize_t)(u0 + u) * VL;
+            kofs[u] = (size_t)(tok / 16) * (size_t)d * 16 + (size_t)(tok % 16);
+        }
+        if (n == UB) NAME(scores)(RB, UB, half, qt, k, d, kofs, sc + u0 * VL, ahead);
+        else NAME(scores)(RB, 1, half, qt, k, d, kofs, sc + u0 * VL, ahead);
+    }
+    /* softmax: mask to [s0, hi[r]), the block's max, the weights and their sum */
     VI lane;
     for (int u = 0; u < VL; u++) lane[u] = u;
-    VF vmax[8];
-    VI vnan[8];
     for (int r = 0; r < RB; r++) {
-        vmax[r] = ninf;
-        vnan[r] = izero;
-        for (Py_ssize_t i = 0; i < d; i++) qt[i * RB + r] = q[r * d + i];
-    }
-    /* pass 1: scores, masked to the tile and to each row's causal limit */
-    for (Py_ssize_t bi = b0; bi < b1; bi++) {
-        const size_t kb = (size_t)bi * (size_t)d * 16;
-        const char *kfetch = (const char *)k + (kb + (size_t)AHEAD * d * 16) * es;
-        const char *vfetch = (const char *)v + (size_t)bi * 16 * d * es;
-        const int fk = fetch && bi + AHEAD < kb_end, fv = fetch && bi + 1 < b1;
-        /* q . k for RB rows x UB vectors of tokens at once (all 16 tokens when the
-         * accumulators allow it, else one vector at a time), in chunks of DCH
-         * dimensions, each summed from zero and then added to the total: with |scores|
-         * large (1e5, say) a single running sum over d rounds d times at the total's
-         * magnitude, several times what BLAS does */
-        enum { NV = 16 / VL };
-        const int UB = RB * NV <= ACC ? NV : 1;
-        for (int u0 = 0; u0 < NV; u0 += UB) {
-            VF acc[8][NV], tot[8][NV];
-            for (int r = 0; r < RB; r++)
-                for (int u = 0; u < UB; u++) tot[r][u] = zero;
-            for (Py_ssize_t i0 = 0; i0 < d; i0 += DCH) {
-                const Py_ssize_t i1 = i0 + DCH < d ? i0 + DCH : d;
-                for (int r = 0; r < RB; r++)
-                    for (int u = 0; u < UB; u++) acc[r][u] = zero;
-                for (Py_ssize_t i = i0; i < i1; i++) {
-                    if (u0 == 0) {  /* K and V blocks are 16*d*es bytes: 16*es per step */
-                        if (fk) __builtin_prefetch(kfetch + (size_t)i * 16 * es, 0, KHINT);
-                        if (VFETCH && fv) __builtin_prefetch(vfetch + (size_t)i * 16 * es, 0, 2);
-                    }
-                    VF kv[NV];
-                    for (int u = 0; u < UB; u++)
-                        kv[u] = LOADV(half, k, kb + (size_t)i * 16 + (size_t)(u0 + u) * VL);
-                    for (int r = 0; r < RB; r++) {
-                        const float qv = qt[i * RB + r];
-                        for (int u = 0; u < UB; u++) acc[r][u] += qv * kv[u];
-                    }
-                }
-                for (int r = 0; r < RB; r++)
-                    for (int u = 0; u < UB; u++) tot[r][u] += acc[r][u];
-            }
-            for (int u = 0; u < UB; u++) {
-                const Py_ssize_t tok0 = bi * 16 + (u0 + u) * VL;
-                VI tok = lane + (int32_t)tok0;
-                for (int r = 0; r < RB; r++) {
-                    VI ok = (tok >= (int32_t)t0) & (tok < (int32_t)row_hi[r]);
-                    VF s = NAME(sel)(ok, tot[r][u], ninf);
-                    memcpy(sc + r * sw + (tok0 - base), &s, sizeof s);
-                    vnan[r] |= s != s;
-                    vmax[r] = NAME(sel)(s > vmax[r], s, vmax[r]);
-                }
-            }
+        float *row = sc + r * SUB;
+        VF vmax = ninf;
+        VI vnan = {0};
+        for (int u = 0; u < nv; u++) {
+            const VI tok = lane + (int32_t)(base + u * VL);
+            const VI ok = (tok >= (int32_t)s0) & (tok < (int32_t)hi[r]);
+            const VF s = NAME(sel)(ok, NAME(ld32)(row + u * VL), ninf);
+            memcpy(row + u * VL, &s, sizeof s);
+            vnan |= s != s;
+            vmax = NAME(sel)(s > vmax, s, vmax);
         }
-    }
-    /* pass 2: the tile's max, weights (stored token-major for pass 3) and their sum */
-    float alpha[8];
-    const Py_ssize_t width = 16 * (b1 - b0);
-    for (int r = 0; r < RB; r++) {
-        float tmax = -INFINITY;
+        float bmax = -INFINITY;
         int nan = 0;
         for (int u = 0; u < VL; u++) {
-            tmax = vmax[r][u] > tmax ? vmax[r][u] : tmax;
-            nan |= vnan[r][u] != 0;
+            bmax = vmax[u] > bmax ? vmax[u] : bmax;
+            nan |= vnan[u] != 0;
         }
-        float m_new = m[r] > tmax ? m[r] : tmax;
-        if (nan || m[r] != m[r]) m_new = NAN;
-        const float shift = isinf(m_new) && m_new < 0 ? 0.0f : m_new;
-        alpha[r] = expf(m[r] - shift);
+        float m_new = mt[r] > bmax ? mt[r] : bmax;
+        if (nan || mt[r] != mt[r]) m_new = NAN;
+        if (!(m_new == mt[r])) {        /* raised, or NaN: rescale the tile so far */
+            if (!(isinf(mt[r]) && mt[r] < 0)) {
+                const float alpha = expf(mt[r] - m_new);
+                lt[r] *= alpha;
+                for (Py_ssize_t c = 0; c < d; c++) Ot[r * d + c] *= alpha;
+            }
+            mt[r] = m_new;
+        }
+        const float shift = isinf(mt[r]) && mt[r] < 0 ? 0.0f : mt[r];
         VF sum = zero;
-        const float *row = sc + r * sw;
-        for (Py_ssize_t j = 0; j < width; j += VL) {
-            VF p = NAME(vexp)(NAME(ld32)(row + j) - shift);
-            for (int u = 0; u < VL; u++) pt[(j + u) * RB + r] = p[u];
+        for (int u = 0; u < nv; u++) {
+            const VF p = NAME(vexp)(NAME(ld32)(row + u * VL) - shift);
+            memcpy(row + u * VL, &p, sizeof p);
             sum += p;
         }
         float tsum = 0.0f;
         for (int u = 0; u < VL; u++) tsum += sum[u];
-        l[r] = l[r] * alpha[r] + tsum;
-        m[r] = m_new;
+        lt[r] += tsum;
     }
-    /* pass 3: O_tile = P @ V, in blocks of JB tokens so V stays in L1 */
-    const int JB = 32;
-    memset(ot, 0, sizeof(float) * (size_t)RB * (size_t)d);
-    for (Py_ssize_t j0 = t0; j0 < t1; j0 += JB) {
-        const Py_ssize_t j1 = j0 + JB < t1 ? j0 + JB : t1;
-        Py_ssize_t c = 0;
-        for (; c + W * VL <= d; c += W * VL) {
+    /* P @ V over the block's tokens, JB rows of V at a time */
+    enum { JB = 32 };
+    const Py_ssize_t cw = (Py_ssize_t)W * VL, chunks = d / cw;
+    const size_t es = half ? 2 : 4;
+    const int lines = (int)((size_t)W * VL * es / 64);   /* whole lines per step, or 0 */
+    for (Py_ssize_t j0 = s0; j0 < s1; j0 += JB) {
+        const Py_ssize_t j1 = j0 + JB < s1 ? j0 + JB : s1;
+        for (Py_ssize_t c = 0; c < chunks * cw; c += cw) {
             VF acc[8][8];
             for (int r = 0; r < RB; r++)
-                for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(ot + r * d + c + w * VL);
-            const float *pj = pt + (j0 - base) * RB;
-            for (Py_ssize_t j = j0; j < j1; j++, pj += RB) {
+                for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(Ot + r * d + c + w * VL);
+            for (Py_ssize_t j = j0; j < j1; j++) {
+                if (ahead) {    /* the lines this step reads, `ahead` bytes on */
+                    const char *at = (const char *)v + ((size_t)j * (size_t)d + (size_t)c) * es + ahead;
+                    if (lines)
+                        for (int n = 0; n < lines; n++) PREFETCH(at + 64 * n);
+                    else if (!((size_t)c * es & 63))
+                        PREFETCH(at);
+                }
                 VF vv[8];
                 for (int w = 0; w < W; w++)
                     vv[w] = LOADV(half, v, (size_t)j * (size_t)d + (size_t)c + (size_t)w * VL);
-                for (int r = 0; r < RB; r++)
-                    for (int w = 0; w < W; w++) acc[r][w] += pj[r] * vv[w];
+                for (int r = 0; r < RB; r++) {
+                    const float p = sc[r * SUB + (j - base)];
+                    for (int w = 0; w < W; w++) acc[r][w] += p * vv[w];
+                }
             }
             for (int r = 0; r < RB; r++)
-                for (int w = 0; w < W; w++) memcpy(ot + r * d + c + w * VL, &acc[r][w], sizeof(VF));
+                for (int w = 0; w < W; w++) memcpy(Ot + r * d + c + w * VL, &acc[r][w], sizeof(VF));
         }
-        for (; c < d; c++) {  /* a head dimension that is not a multiple of W * VL */
+        for (Py_ssize_t c = chunks * cw; c < d; c++) {  /* d not a multiple of W * VL */
             for (Py_ssize_t j = j0; j < j1; j++) {
                 const size_t at = (size_t)j * (size_t)d + (size_t)c;
                 const float x = half ? (float)((const _Float16 *)v)[at] : ((const float *)v)[at];
-                for (int r = 0; r < RB; r++) ot[r * d + c] += pt[(j - base) * RB + r] * x;
+                for (int r = 0; r < RB; r++) Ot[r * d + c] += sc[r * SUB + (j - base)] * x;
             }
         }
     }
-    for (int r = 0; r < RB; r++)
-        for (Py_ssize_t c = 0; c < d; c++) O[r * d + c] = O[r * d + c] * alpha[r] + ot[r * d + c];
 }
 
-/* Tokens [lo, hi) of one KV head, all R rows, in tiles of `tile` tokens. */
+/* Tokens [lo, hi) of one KV head, all R rows, in tiles of `tile` tokens. Scratch:
+ * SCRATCH_FLOATS(R, d) floats, 64-byte aligned. */
 static void NAME(sweep_head)(const float *q, const void *k, const void *v, int half,
                              Py_ssize_t R, Py_ssize_t d, Py_ssize_t lo, Py_ssize_t hi,
                              Py_ssize_t tile, const Py_ssize_t *row_hi, float *m, float *l,
-                             float *O, float *scratch, Py_ssize_t sw) {
-    float *sc = scratch, *pt = sc + 8 * sw, *qt = pt + 8 * sw, *ot = qt + 8 * d;
-    const Py_ssize_t kb_end = (hi + 15) / 16;
+                             float *O, float *scratch) {
+    float *sc = scratch, *qt = sc + 8 * SUB, *mt = qt + R * d, *lt = mt + R, *Ot = lt + R;
+    /* the rows in groups of 8, 4, 2, 1, each transposed (d x rb) for the scores */
+    for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
+        rb = GROUP(R - r0);
+        for (Py_ssize_t i = 0; i < d; i++)
+            for (Py_ssize_t r = 0; r < rb; r++) qt[r0 * d + i * rb + r] = q[(r0 + r) * d + i];
+    }
+    const size_t es = half ? 2 : 4;
+    const size_t ahead = (size_t)AHEAD * SUB * (size_t)d * es;   /* bytes, K and V alike */
     for (Py_ssize_t t0 = lo; t0 < hi; t0 += tile) {
         const Py_ssize_t t1 = t0 + tile < hi ? t0 + tile : hi;
-        Py_ssize_t r0 = 0;
-        while (r0 < R) {
-            Py_ssize_t cut[8];
-            const Py_ssize_t left = R - r0;
-            const int rb = left >= 8 ? 8 : left >= 4 ? 4 : left >= 2 ? 2 : 1;
-            for (int r = 0; r < rb; r++) {
-                const Py_ssize_t h = row_hi ? row_hi[r0 + r] : t1;
-                cut[r] = h < t1 ? h : t1;
-            }
-            const float *qr = q + r0 * d;
-            float *mr = m + r0, *lr = l + r0, *Or = O + r0 * d;
-            /* RB rows and the element type are compile-time constants in each call */
-#define TILE_ROWS(RB, HALF) NAME(tile_rows)(RB, (ACC / RB) > 8 ? 8 : (ACC / RB), HALF, qr, \
-                                            k, v, d, t0, t1, cut, mr, lr, Or, sc, pt, qt, \
-                                            sw, ot, kb_end, r0 == 0)
+        for (Py_ssize_t r = 0; r < R; r++) {
+            mt[r] = -INFINITY;
+            lt[r] = 0.0f;
+        }
+        memset(Ot, 0, sizeof(float) * (size_t)R * (size_t)d);
+        for (Py_ssize_t s0 = t0, s1; s0 < t1; s0 = s1) {
+            s1 = s0 / 16 * 16 + SUB < t1 ? s0 / 16 * 16 + SUB : t1;
+            for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
+                rb = GROUP(R - r0);
+                Py_ssize_t cut[8];
+                for (Py_ssize_t r = 0; r < rb; r++) {
+                    const Py_ssize_t h = row_hi ? row_hi[r0 + r] : s1;
+                    cut[r] = h < s1 ? h : s1;
+                }
+                const float *qr = qt + r0 * d;
+                float *mr = mt + r0, *lr = lt + r0, *Or = Ot + r0 * d;
+                /* RB, UB, W and the element type are compile-time constants in each call */
+#ifndef UB8
+#define UB8 1
+#endif
+#define UBS(RB) (RB == 8 ? UB8 : (ACC / RB) < SUB / VL ? (ACC / RB) : SUB / VL)
+#define WS(RB) ((ACC / RB) > 8 ? 8 : (ACC / RB))
+#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, UBS(RB), WS(RB), HALF, qr, k, v, d, s0, \
+                                              s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead)
 #define BY_ROWS(HALF) switch (rb) {                  \
-                case 8: TILE_ROWS(8, HALF); break;   \
-                case 4: TILE_ROWS(4, HALF); break;   \
-                case 2: TILE_ROWS(2, HALF); break;   \
-                default: TILE_ROWS(1, HALF); break;  \
+                case 8: BLOCK_ROWS(8, HALF); break;  \
+                case 4: BLOCK_ROWS(4, HALF); break;  \
+                case 2: BLOCK_ROWS(2, HALF); break;  \
+                default: BLOCK_ROWS(1, HALF); break; \
             }
-            if (half) { BY_ROWS(1) } else { BY_ROWS(0) }
+                if (half) { BY_ROWS(1) } else { BY_ROWS(0) }
 #undef BY_ROWS
-#undef TILE_ROWS
-            r0 += rb;
+#undef BLOCK_ROWS
+#undef WS
+#undef UBS
+            }
+        }
+        /* merge the tile's partial into the running one */
+        for (Py_ssize_t r = 0; r < R; r++) {
+            float m_new = m[r] > mt[r] ? m[r] : mt[r];
+            if (m[r] != m[r] || mt[r] != mt[r]) m_new = NAN;
+            const float shift = isinf(m_new) && m_new < 0 ? 0.0f : m_new;
+            const float a = expf(m[r] - shift), b = expf(mt[r] - shift);
+            l[r] = l[r] * a + lt[r] * b;
+            for (Py_ssize_t c = 0; c < d; c++) O[r * d + c] = O[r * d + c] * a + Ot[r * d + c] * b;
+            m[r] = m_new;
         }
     }
 }
