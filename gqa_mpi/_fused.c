@@ -34,6 +34,9 @@
 #ifndef HINT
 #define HINT 2
 #endif
+#ifndef JB
+#define JB 32   /* rows of V per step of P @ V: 32 rows of d = 128 floats are 16 KiB (L1) */
+#endif
 
 /* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
 #define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
@@ -163,20 +166,25 @@ done:
 #undef REQUIRE
 }
 
-/* Stream n bytes once with vectors of VB bytes, eight loads in flight; the sum of
- * their 64-bit words keeps the loads from being optimised away. Compiled per
- * instruction set like the sweep: the read limit the bench holds the sweep to. */
+/* Stream n bytes once with vectors of VB bytes, eight loads in flight and, with
+ * ahead > 0, each line asked for `ahead` bytes before it is read; the sum of their
+ * 64-bit words keeps the loads from being optimised away. Compiled per instruction
+ * set like the sweep: the read limit the bench holds the sweep to. */
 #define READ_FN(NAME_, VB, TARGET)                                                      \
-    TARGET static uint64_t NAME_(const char *p, size_t n) {                             \
+    TARGET static uint64_t NAME_(const char *p, size_t n, size_t ahead) {               \
         typedef uint64_t vu __attribute__((vector_size(VB)));                           \
         vu acc[8] = {{0}};                                                              \
         size_t i = 0;                                                                   \
-        for (; i + 8 * VB <= n; i += 8 * VB)                                            \
+        for (; i + 8 * VB <= n; i += 8 * VB) {                                          \
+            if (ahead)                                                                  \
+                for (size_t b = 0; b < 8 * VB; b += 64)                                 \
+                    __builtin_prefetch(p + i + b + ahead, 0, HINT);                     \
             for (int u = 0; u < 8; u++) {                                               \
                 vu x;                                                                   \
                 memcpy(&x, p + i + (size_t)u * VB, VB);                                 \
                 acc[u] += x;                                                            \
             }                                                                           \
+        }                                                                               \
         uint64_t out = 0;                                                               \
         for (int u = 1; u < 8; u++) acc[0] += acc[u];                                   \
         for (size_t w = 0; w < VB / 8; w++) out += acc[0][w];                          \
@@ -194,20 +202,51 @@ READ_FN(read_avx2, 32, __attribute__((target("avx2"))))
 #endif
 READ_FN(read_generic, 16, )
 
-static PyObject *read_all(PyObject *self, PyObject *arg) {
-    Py_buffer b;
-    if (PyObject_GetBuffer(arg, &b, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    uint64_t (*fn)(const char *, size_t) = read_generic;
+/* read(buffers, ahead=0, chunk=0): see the method table. */
+static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"buffers", "ahead", "chunk", NULL};
+    PyObject *seq, *objs;
+    Py_ssize_t ahead = 0, chunk = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nn", names, &seq, &ahead, &chunk)) return NULL;
+    if (ahead < 0 || chunk < 0) {
+        PyErr_SetString(PyExc_ValueError, "read: ahead and chunk are numbers of bytes, at least 0");
+        return NULL;
+    }
+    if (!(objs = PySequence_Fast(seq, "read: buffers must be a sequence of buffers"))) return NULL;
+    enum { MAXB = 8 };
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(objs);
+    Py_buffer b[MAXB];
+    Py_ssize_t got = 0, longest = 0;
+    PyObject *result = NULL;
+    if (n > MAXB) {
+        PyErr_SetString(PyExc_ValueError, "read: at most 8 buffers");
+        goto done;
+    }
+    for (; got < n; got++) {
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(objs, got), &b[got], PyBUF_C_CONTIGUOUS) < 0)
+            goto done;
+        longest = b[got].len > longest ? b[got].len : longest;
+    }
+    uint64_t (*fn)(const char *, size_t, size_t) = read_generic;
 #ifdef GQA_X86
     if (chosen == sweep_head_avx512) fn = read_avx512;
     else if (chosen == sweep_head_avx2) fn = read_avx2;
 #endif
-    uint64_t out;
+    uint64_t out = 0;
     Py_BEGIN_ALLOW_THREADS
-    out = fn((const char *)b.buf, (size_t)b.len);
+    const Py_ssize_t step = chunk ? chunk : longest;   /* round robin over the buffers */
+    for (Py_ssize_t at = 0; at < longest; at += step)
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (at < b[i].len) {
+                const Py_ssize_t len = b[i].len - at < step ? b[i].len - at : step;
+                out += fn((const char *)b[i].buf + at, (size_t)len, (size_t)ahead);
+            }
     Py_END_ALLOW_THREADS
-    PyBuffer_Release(&b);
-    return PyLong_FromUnsignedLongLong(out);
+    result = PyLong_FromUnsignedLongLong(out);
+done:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&b[i]);
+    Py_DECREF(objs);
+    return result;
 }
 
 /* Point `chosen` at the best path the CPU runs, no better than `want` (NULL: best). */
@@ -247,8 +286,12 @@ static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi): see the module source"},
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
                          "this CPU supports; returns the one chosen"},
-    {"read", read_all, METH_O, "read(buffer): stream a C-contiguous buffer once, on the sweep's instruction set; "
-                               "returns the sum of its 64-bit words (and of a tail's bytes): the bench's read limit"},
+    {"read", (PyCFunction)(void (*)(void))read_all, METH_VARARGS | METH_KEYWORDS,
+     "read(buffers, ahead=0, chunk=0): stream each C-contiguous buffer once, on the sweep's "
+     "instruction set: one after the other, or with chunk > 0 in turns of `chunk` bytes each; "
+     "with ahead > 0 each line is prefetched `ahead` bytes early. Returns a checksum (the sum "
+     "of each piece's 64-bit words) so that no read is optimised away. The bench's read limit "
+     "is the fastest of such reads."},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on"},
     {NULL, NULL, 0, NULL},
 };

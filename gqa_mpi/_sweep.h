@@ -138,29 +138,29 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
         if (n == UB) NAME(scores)(RB, UB, half, qt, k, d, kofs, sc + u0 * VL, ahead);
         else NAME(scores)(RB, 1, half, qt, k, d, kofs, sc + u0 * VL, ahead);
     }
-    /* softmax: mask to [s0, hi[r]), the block's max, the weights and their sum */
+    /* softmax: mask to [s0, hi[r]) (unless the block lies inside it), the block's max,
+     * the weights and their sum. A NaN score makes the row's sum NaN, and its max too. */
     VI lane;
     for (int u = 0; u < VL; u++) lane[u] = u;
     for (int r = 0; r < RB; r++) {
         float *row = sc + r * SUB;
         VF vmax = ninf;
-        VI vnan = {0};
-        for (int u = 0; u < nv; u++) {
-            const VI tok = lane + (int32_t)(base + u * VL);
-            const VI ok = (tok >= (int32_t)s0) & (tok < (int32_t)hi[r]);
-            const VF s = NAME(sel)(ok, NAME(ld32)(row + u * VL), ninf);
-            memcpy(row + u * VL, &s, sizeof s);
-            vnan |= s != s;
-            vmax = NAME(sel)(s > vmax, s, vmax);
-        }
+        if (base == s0 && base + nv * VL <= hi[r])
+            for (int u = 0; u < nv; u++) {
+                const VF s = NAME(ld32)(row + u * VL);
+                vmax = NAME(sel)(s > vmax, s, vmax);
+            }
+        else
+            for (int u = 0; u < nv; u++) {
+                const VI tok = lane + (int32_t)(base + u * VL);
+                const VI ok = (tok >= (int32_t)s0) & (tok < (int32_t)hi[r]);
+                const VF s = NAME(sel)(ok, NAME(ld32)(row + u * VL), ninf);
+                memcpy(row + u * VL, &s, sizeof s);
+                vmax = NAME(sel)(s > vmax, s, vmax);
+            }
         float bmax = -INFINITY;
-        int nan = 0;
-        for (int u = 0; u < VL; u++) {
-            bmax = vmax[u] > bmax ? vmax[u] : bmax;
-            nan |= vnan[u] != 0;
-        }
-        float m_new = mt[r] > bmax ? mt[r] : bmax;
-        if (nan || mt[r] != mt[r]) m_new = NAN;
+        for (int u = 0; u < VL; u++) bmax = vmax[u] > bmax ? vmax[u] : bmax;
+        const float m_new = mt[r] != mt[r] ? NAN : mt[r] > bmax ? mt[r] : bmax;
         if (!(m_new == mt[r])) {        /* raised, or NaN: rescale the tile so far */
             if (!(isinf(mt[r]) && mt[r] < 0)) {
                 const float alpha = expf(mt[r] - m_new);
@@ -179,9 +179,9 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
         float tsum = 0.0f;
         for (int u = 0; u < VL; u++) tsum += sum[u];
         lt[r] += tsum;
+        if (lt[r] != lt[r]) mt[r] = NAN;
     }
     /* P @ V over the block's tokens, JB rows of V at a time */
-    enum { JB = 32 };
     const Py_ssize_t cw = (Py_ssize_t)W * VL, chunks = d / cw;
     const size_t es = half ? 2 : 4;
     const int lines = (int)((size_t)W * VL * es / 64);   /* whole lines per step, or 0 */

@@ -210,3 +210,32 @@ def test_kernel_fused_that_cannot_load_is_a_usage_error(monkeypatch, capsys):
                      "--head-dim", "8"]) == 0
     out = capsys.readouterr().out
     assert "kernel    numpy; K/V resident as float32; NOTE fused kernel unavailable" in out
+
+
+def test_the_streaming_read_touches_every_byte_in_every_order(isa):
+    """``_fused.read``: the bench's C read. Its checksum is the sum of each piece's
+    64-bit words, so every word of every buffer counts once, in any chunking."""
+    a = np.arange(1000, dtype=np.uint64)
+    b = np.arange(1, 65, dtype=np.uint64)
+    total = int(a.sum() + b.sum())
+    assert fused.read([a]) == int(a.sum())
+    for ahead in (0, 64, 4096):
+        for chunk in (0, 64, 800):
+            assert fused.read([a, b], ahead, chunk) == total
+    assert fused.read([np.arange(7, dtype=np.uint8)]) == 21     # a tail shorter than a word
+    with pytest.raises(ValueError, match="at least 0"):
+        fused.read([a], -1)
+
+
+def test_the_read_limit_is_the_fastest_way_and_keeps_the_old_one_beside_it():
+    from gqa_mpi.tools import reads
+    x = np.ones((3, 1000), np.float16)      # 6000 bytes: a float32 view of 1500
+    found = reads.ways([x, x])
+    assert {"numpy.sum", "numpy.dot", "sgemv"} <= set(found)
+    assert any(name.startswith("C ") for name in found)
+    for fn in found.values():
+        fn()
+    got = reads.fastest({"numpy.sum": 3.0, "numpy.dot": 2.0, "sgemv": 1.5,
+                         "C chunk=64K ahead=4K": 1.0})
+    assert got == dict(read_s=1.0, read_way="C chunk=64K ahead=4K", read_old_s=2.0)
+    assert reads.short(got["read_way"]) == "C"

@@ -7,7 +7,8 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
 - ``local``: both local kernels (the fused C kernel and the NumPy reference sweep) against the
   limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
   both measured here, for float32 and float16 resident K/V (each with its own read
-  time); with the scratch high-water mark of the sweep (flat in S_local);
+  time, the fastest of every way :mod:`gqa_mpi.tools.reads` has, printed beside the
+  old limit's NumPy read); with the scratch high-water mark of the sweep (flat in S_local);
 - a naive NumPy attention (no tiling) and, when PyTorch is installed, PyTorch SDPA in
   float32 with the query groups folded into the query axis and with ``enable_gqa``,
   each as its time over ours (above 1: we are faster);
@@ -15,7 +16,7 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   schedule and wire; ``startup``: a tiny 16-rank run against the bare imports;
 - ``step``: the whole decode step of real launches at 1..N ranks
   against the host's read limit (the K and V bytes all ranks hold over the bandwidth
-  of a read probe on as many processes), for ``chain`` and ``allgather``, float32
+  of a read probe on as many processes, the fastest way it has), for ``chain`` and ``allgather``, float32
   and float16 K/V, with what explains the gap (the slowest sweep, the skew between
   sweeps, what the reduction adds);
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
@@ -49,6 +50,7 @@ import numpy as np  # noqa: E402
 
 from ..core import kernels  # noqa: E402
 from ..core.attention import fold_queries, local_attention  # noqa: E402
+from . import reads  # noqa: E402
 from .launcher import gqa_command, mpirun_command, plain, run_bounded  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
@@ -103,18 +105,16 @@ def torch_baselines(q, k, v, G, repeats, gqa_limit_bytes):
     return out
 
 
-def read_time(arrays, repeats: int) -> float:
-    """Seconds to stream every byte of ``arrays`` once: the faster of a sum and a BLAS
-    dot over the bytes seen as float32 (a float16 array is read as half as many)."""
-    flat = [a.reshape(-1).view(np.float32) for a in arrays]
-    with np.errstate(all="ignore"):
-        return min(best_of(lambda: [x.sum() for x in flat], repeats),
-                   best_of(lambda: [np.dot(x, x) for x in flat], repeats))
+def read_time(arrays, repeats: int) -> Dict:
+    """The time to stream every byte of ``arrays`` once, the fastest way this machine
+    has (:mod:`gqa_mpi.tools.reads`), with the way and the old limit's time."""
+    return reads.fastest({name: best_of(fn, repeats) for name, fn in reads.ways(arrays).items()})
 
 
-def fused_scratch_bytes(tile: int, d: int) -> int:
-    """The C kernel's own scratch (see _fused.c): 16 * (16*(ceil(tile/16)+1) + d) floats."""
-    return 4 * 16 * (16 * (-(-tile // 16) + 1) + d)
+def fused_scratch_bytes(rows: int, d: int) -> int:
+    """The C kernel's own scratch (SCRATCH_FLOATS in _fused.c): a block's scores, the
+    rows transposed and the tile's partial, ``8 * 64 + 2 * R * d + 2 * R`` floats."""
+    return 4 * (8 * 64 + 2 * rows * d + 2 * rows)
 
 
 def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
@@ -133,15 +133,16 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
             held = {kern.name: kernels.make_resident(kern, lambda n, i, j: src[n][:, i:j],
                                                      S, 1, h_kv, d, np.dtype(dtype))
                     for kern in (kernels.NumpyKernel, fused) if kern is not None}
-            read = read_time(held["numpy"], repeats)
+            read = read_time(held.get("fused", held["numpy"]), repeats)
             for G in groups:
                 q = fold_queries(rng.standard_normal((1, 1, h_kv * G * d), dtype=np.float32),
                                  h_kv, d)
                 scale = 1 / np.sqrt(d)
                 flop = 4 * S * h_kv * G * d / rate
-                limit = max(read, flop)
-                base = dict(G=G, S_local=S, kv_dtype=dtype, read_s=read, flop_s=flop,
-                            limit_s=limit, sgemm_gflops=rate / 1e9)
+                limit = max(read["read_s"], flop)
+                base = dict(G=G, S_local=S, kv_dtype=dtype, flop_s=flop, limit_s=limit,
+                            old_limit_s=max(read["read_old_s"], flop),
+                            sgemm_gflops=rate / 1e9, **read)
                 baselines = {}
                 if dtype == "float32":
                     k32, v32 = held["numpy"]
@@ -157,9 +158,10 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                         scratch = tracemalloc.get_traced_memory()[1]
                         tracemalloc.stop()
                         if name == "fused":
-                            scratch += fused_scratch_bytes(tile, d)
+                            scratch += fused_scratch_bytes(G, d)
                         t = best_of(lambda: sweep(q, k, v, scale=scale, tile=tile), repeats)
                         row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
+                                    f"{name}_over_old_limit": t / row["old_limit_s"],
                                     f"{name}_scratch_bytes": scratch})
                     ours = row.get("fused_s", row["numpy_s"])
                     for name, bt in baselines.items():
@@ -223,7 +225,8 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
                 if probe.returncode != 0:
                     rows.append(dict(ranks=n, kv_dtype=dtype, error=_why(probe)))
                     continue
-                bandwidth = json.loads(probe.stdout.strip().splitlines()[-1])["bandwidth"]
+                probed = json.loads(probe.stdout.strip().splitlines()[-1])
+                bandwidth = probed["bandwidth"]
                 for G in groups:
                     for schedule in schedules:
                         path = os.path.join(tmp, f"{n}-{dtype}-{G}-{schedule}.json")
@@ -233,23 +236,26 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
                             "--kv-dtype", dtype, "--reduce", schedule, "--steps", str(steps),
                             "--no-check", "--quiet", "--json", path]), timeout)
                         head = dict(ranks=n, kv_dtype=dtype, G=G, reduce=schedule,
-                                    read_gbs=bandwidth / 1e9)
+                                    read_gbs=bandwidth / 1e9, read_way=probed["way"],
+                                    old_read_gbs=probed["old_bandwidth"] / 1e9)
                         if proc.returncode != 0:
                             rows.append(dict(head, error=_why(proc)))
                             continue
                         rows.append(dict(head, **_step_row(RunRecord.load(path), row_bytes,
-                                                           bandwidth)))
+                                                           bandwidth, probed["old_bandwidth"])))
     return rows
 
 
-def _step_row(rec: RunRecord, row_bytes: int, bandwidth: float) -> Dict:
+def _step_row(rec: RunRecord, row_bytes: int, bandwidth: float, old_bandwidth: float) -> Dict:
     """The figures of one launch of :func:`step_table`."""
     mine = rec.ranks[0].step_seconds()
     step = float(np.sum(mine) / len(mine))
-    limit = sum(r.held for r in rec.ranks) * row_bytes / bandwidth
+    held = sum(r.held for r in rec.ranks) * row_bytes
+    limit = held / bandwidth
     sweeps = np.array([[st.get("local_attention", 0.0) for st in r.steps] for r in rec.ranks])
     local = float(np.median(sweeps.max(axis=0)))
     return dict(step_s=step, limit_s=limit, step_over_limit=step / limit,
+                step_over_old_limit=step / (held / old_bandwidth),
                 local_over_limit=local / limit,
                 skew_s=float(np.median(sweeps.max(axis=0) - sweeps.min(axis=0))),
                 beyond_s=float(np.median(rec.beyond_local())))
@@ -386,20 +392,24 @@ def print_tables(result: Dict) -> None:
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
               f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} "
               f"GFLOP/s")
-        print("  limit = max(read the resident K and V once, flops at peak sgemm), per "
-              "K/V dtype;\n  X/limit: 1.0 is the limit, lower is impossible, higher is "
-              "slower; torch/ours: above 1 we are faster")
+        print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
+              "dtype; the read is the\n  fastest way this machine has (read way: numpy.sum, "
+              "numpy.dot, sgemv, torch.sum, C); 'numpy read'\n  is the fastest of numpy.sum and "
+              "numpy.dot (the limit before) and fused/old its ratio;\n  X/limit: 1.0 is the "
+              "limit, lower is impossible, higher is slower; torch/ours: above 1 we are faster")
         extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
         head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
-                f"{'flop ms':>8} {'fused ms':>9} {'fused/limit':>11} {'numpy ms':>9} "
-                f"{'numpy/limit':>11} {'scratch KiB':>11}  "
-                + "  ".join(f"{e + '/ours':>17}" for e in extra))
+                f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} "
+                f"{'fused/limit':>11} {'fused/old':>9} {'numpy ms':>9} {'numpy/limit':>11} "
+                f"{'scratch KiB':>11}  " + "  ".join(f"{e + '/ours':>17}" for e in extra))
         print(head)
         nan = float("nan")
         for r in local:
             print(f"{r['G']:>2} {r['S_local']:>8} {r['kv_dtype']:>7} {r['tile']:>5} "
-                  f"{r['read_s'] * 1e3:>8.2f} {r['flop_s'] * 1e3:>8.2f} "
+                  f"{r['read_s'] * 1e3:>8.2f} {reads.short(r['read_way']):>9} "
+                  f"{r['read_old_s'] * 1e3:>10.2f} {r['flop_s'] * 1e3:>8.2f} "
                   f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_over_limit', nan):>11.2f} "
+                  f"{r.get('fused_over_old_limit', nan):>9.2f} "
                   f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
                   f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
                   + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
@@ -423,21 +433,25 @@ def print_tables(result: Dict) -> None:
         print(f"\nthe whole step against the read limit, real mpirun launches at "
               f"{result['step_tokens']} tokens per rank, h_kv={result['h_kv']} "
               f"d={result['d']}:\n  limit = the K and V bytes all ranks hold / the read "
-              f"bandwidth of a probe on as many processes;\n  step = rank 0's step, the "
-              f"mean over the loop; local = the slowest rank's sweep; skew = slowest - "
-              f"fastest\n  sweep; beyond = what the reduction adds after the slowest "
-              f"sweep (medians over the steps)")
-        print(f"{'ranks':>5} {'read GB/s':>9} {'K/V':>7} {'G':>2} {'reduce':>9} "
-              f"{'step ms':>8} {'limit ms':>8} {'step/limit':>10} {'local/limit':>11} "
-              f"{'skew ms':>7} {'beyond ms':>9}")
+              f"bandwidth of a probe on as many processes, the\n  fastest way it has (read "
+              f"way); 'old GB/s' is NumPy's sum and dot alone (the limit before), 'step/old'\n"
+              f"  the step over that; step = rank 0's step, the mean over the loop; local = the "
+              f"slowest rank's\n  sweep; skew = slowest - fastest sweep; beyond = what the "
+              f"reduction adds after the slowest sweep\n  (medians over the steps)")
+        print(f"{'ranks':>5} {'read GB/s':>9} {'read way':>9} {'old GB/s':>8} {'K/V':>7} "
+              f"{'G':>2} {'reduce':>9} {'step ms':>8} {'limit ms':>8} {'step/limit':>10} "
+              f"{'step/old':>8} {'local/limit':>11} {'skew ms':>7} {'beyond ms':>9}")
         for r in result["step"]:
-            head = f"{r['ranks']:>5} {r.get('read_gbs', float('nan')):>9.1f} {r['kv_dtype']:>7}"
+            head = (f"{r['ranks']:>5} {r.get('read_gbs', float('nan')):>9.1f} "
+                    f"{reads.short(r.get('read_way', '-')):>9} "
+                    f"{r.get('old_read_gbs', float('nan')):>8.1f} {r['kv_dtype']:>7}")
             if "error" in r:
                 print(f"{head} {r.get('G', '-'):>2} {r.get('reduce', '-'):>9}  failed: "
                       f"{r['error']}")
                 continue
             print(f"{head} {r['G']:>2} {r['reduce']:>9} {r['step_s'] * 1e3:>8.2f} "
                   f"{r['limit_s'] * 1e3:>8.2f} {r['step_over_limit']:>10.2f} "
+                  f"{r['step_over_old_limit']:>8.2f} "
                   f"{r['local_over_limit']:>11.2f} {r['skew_s'] * 1e3:>7.2f} "
                   f"{r['beyond_s'] * 1e3:>9.2f}")
     if result.get("source"):

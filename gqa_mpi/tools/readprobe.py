@@ -2,10 +2,12 @@
 at N processes, each streaming BYTES of its own memory at the same time.
 
 Every rank fills its buffer (so the pages are its own and resident), then, after a
-barrier, reads it once (the faster of a BLAS dot over it as float32 and an integer
-sum over it as int64, one thread each); a repeat's time is the slowest rank's, and
-the best repeat gives ``N * BYTES / seconds``. This is the limit a decode step that
-streams K and V once cannot beat on that many processes. Rank 0 prints one JSON line.
+barrier, reads it once, each way :mod:`gqa_mpi.tools.reads` knows (NumPy's sum and
+dot, BLAS sgemv, torch.sum, the C streaming read), one thread each; a repeat's time
+is the slowest rank's, and the best repeat of the fastest way gives
+``N * BYTES / seconds``. This is the limit a decode step that streams K and V once
+cannot beat on that many processes. Rank 0 prints one JSON line, with the way and
+the bandwidth of the old limit (NumPy's sum and dot) beside it.
 """
 from __future__ import annotations
 
@@ -20,27 +22,28 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-
-def read_once(x: np.ndarray, how: str) -> None:
-    if how == "dot":
-        np.dot(x, x)
-    else:
-        x.view(np.int64).sum()
+from . import reads  # noqa: E402
 
 
 def probe(comm, n_bytes: int, repeats: int) -> dict:
-    """``{ranks, bytes_per_rank, seconds, bandwidth}`` (bytes/s, all ranks together)."""
+    """``{ranks, bytes_per_rank, seconds, bandwidth, way, old_bandwidth}`` (bytes/s,
+    all ranks together)."""
     from mpi4py import MPI
     x = np.ones(max(2, n_bytes // 8 * 2), dtype=np.float32)     # a whole number of int64
-    best = float("inf")
-    for _ in range(repeats):
-        for how in ("dot", "sum"):
+    times = {}
+    for name, fn in reads.ways([x]).items():
+        best = float("inf")
+        for _ in range(repeats):
             comm.Barrier()
             t0 = time.perf_counter()
-            read_once(x, how)
+            fn()
             best = min(best, comm.allreduce(time.perf_counter() - t0, op=MPI.MAX))
-    return dict(ranks=comm.size, bytes_per_rank=x.nbytes, seconds=best,
-                bandwidth=comm.size * x.nbytes / best)
+        times[name] = best
+    read = reads.fastest(times)
+    total = comm.size * x.nbytes
+    return dict(ranks=comm.size, bytes_per_rank=x.nbytes, seconds=read["read_s"],
+                bandwidth=total / read["read_s"], way=read["read_way"],
+                old_bandwidth=total / read["read_old_s"])
 
 
 def main(argv=None) -> int:

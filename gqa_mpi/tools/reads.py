@@ -1,0 +1,70 @@
+"""Every way this machine has of reading some arrays once: the bench's read limit is
+the fastest of them, so that no kernel can beat it by reading more cleverly.
+
+- ``numpy.sum`` and ``numpy.dot`` over the bytes seen as float32 (the bench's limit
+  before: NumPy's sum streams at about half of what a core can);
+- ``sgemv``: a BLAS matrix-vector product of the bytes (as a float32 matrix) against a
+  vector of ones;
+- ``torch.sum``, where PyTorch is installed;
+- ``C``: :func:`gqa_mpi._fused.read`, a vectorised streaming read on the sweep's
+  instruction set, one array after the other or in turns of 64 KiB (as the sweep
+  reads K and V), each line prefetched 0, 4, 16 or 64 KiB ahead.
+
+Each is one thread: the callers pin BLAS and PyTorch to one.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import numpy as np
+
+OLD = ("numpy.sum", "numpy.dot")
+"""The ways the read limit was the fastest of before: printed beside the honest one."""
+
+
+def _matrix(x: np.ndarray) -> np.ndarray:
+    """``x`` (flat float32) as a matrix of rows of at most 1024, covering all of it."""
+    cols = next(c for c in (1024, 256, 64, 16, 4, 1) if x.size % c == 0)
+    return x.reshape(-1, cols)
+
+
+def ways(arrays: List[np.ndarray]) -> Dict[str, Callable[[], object]]:
+    """Name -> a call that reads every byte of ``arrays`` once."""
+    flat = [a.reshape(-1).view(np.uint8)[: a.nbytes // 4 * 4].view(np.float32) for a in arrays]
+
+    def each(fn):
+        return lambda: [fn(x) for x in flat]
+
+    out = {"numpy.sum": each(np.sum), "numpy.dot": each(lambda x: np.dot(x, x))}
+    mats = [_matrix(x) for x in flat]
+    ones = {m.shape[0]: np.ones(m.shape[0], np.float32) for m in mats}
+    out["sgemv"] = lambda: [ones[m.shape[0]] @ m for m in mats]
+    try:
+        import torch
+        torch.set_num_threads(1)
+        tensors = [torch.from_numpy(x) for x in flat]
+        out["torch.sum"] = lambda: [t.sum() for t in tensors]
+    except ImportError:
+        pass
+    try:
+        from .. import _fused
+    except ImportError:
+        return out
+    for chunk in (0, 65536):
+        for ahead in (0, 4096, 16384, 65536):
+            out[f"C chunk={chunk // 1024}K ahead={ahead // 1024}K"] = (
+                lambda chunk=chunk, ahead=ahead: _fused.read(arrays, ahead, chunk))
+    return out
+
+
+def fastest(times: Dict[str, float]) -> Dict:
+    """``{read_s, read_way, read_old_s}`` from the time each way took: the fastest of
+    all, which one it was, and the fastest of the old ones (:data:`OLD`)."""
+    way = min(times, key=times.get)
+    return dict(read_s=times[way], read_way=way,
+                read_old_s=min(times[w] for w in OLD if w in times))
+
+
+def short(way: str) -> str:
+    """A way's name for a table column: ``C`` for every C read."""
+    return way.split(" ")[0]
