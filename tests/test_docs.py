@@ -1,0 +1,124 @@
+"""The docs are tested: the options page is the parser's own help, and every
+``console`` block of the README and docs/ runs, its output matching the sample's
+stable lines.
+
+A ``console`` block holds commands (lines starting ``$ ``), each followed by what it
+prints. A sample line is stable unless it holds ``...``; on both sides, numbers with a
+point or an exponent and numbers of a unit (ms, s, MiB, ...) are masked, so timings,
+errors and memory do not count, and the stable lines must appear in the output in
+their order. The commands run in a scratch directory where ``docs/`` is the repo's,
+with ``python`` and ``mpirun`` those of this Python. Other fenced blocks (installs,
+cluster submissions, measurements that need 16 real cores, the test suite itself)
+are not run.
+
+``GQA_MPI_REGEN_DOCS=1 python -m pytest tests/test_docs.py`` rewrites the generated
+part of docs/options.md from the parser.
+"""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
+OPTIONS = ROOT / "docs" / "options.md"
+BEGIN, END = "<!-- BEGIN: python -m gqa_mpi --help -->", "<!-- END -->"
+WIDTH = "100"
+
+
+def console_blocks():
+    """(page, first line, [(command, [sample lines])]) of every console block."""
+    for page in PAGES:
+        lines = page.read_text().splitlines()
+        i = 0
+        while i < len(lines):
+            if lines[i].strip() == "```console":
+                indent = len(lines[i]) - len(lines[i].lstrip())      # a block in a list
+                start, i, runs = i + 1, i + 1, []
+                while lines[i].strip() != "```":
+                    line = lines[i][indent:]
+                    if line.startswith("$ "):
+                        runs.append((line[2:], []))
+                    elif runs:
+                        runs[-1][1].append(line)
+                    i += 1
+                yield page.relative_to(ROOT), start, runs
+            i += 1
+
+
+BLOCKS = list(console_blocks())
+MASK = re.compile(r"-?\d+\.\d+(?:e[-+]?\d+)?|-?\d+e[-+]?\d+|\d+(?= ?(?:ms|s|us|ns|MiB|KiB|"
+                  r"GiB|MB|GB|GB/s|%)\b)")
+
+
+def masked(line: str) -> str:
+    return " ".join(MASK.sub("#", line).split())
+
+
+def missing(sample, output):
+    """The first stable sample line not found (in order) in ``output``, else None."""
+    got = [masked(x) for x in output.splitlines()]
+    at = 0
+    for line in sample:
+        if "..." in line or not line.strip():
+            continue
+        want = masked(line)
+        while at < len(got) and got[at] != want:
+            at += 1
+        if at == len(got):
+            return line
+        at += 1
+    return None
+
+
+def test_every_page_has_its_block_found():
+    assert len(BLOCKS) >= 10
+    assert all(runs for _, _, runs in BLOCKS)
+
+
+@pytest.mark.parametrize("page,line,runs", BLOCKS, ids=[f"{p}:{n}" for p, n, _ in BLOCKS])
+def test_console_block_runs_and_prints_its_sample(page, line, runs, tmp_path):
+    (tmp_path / "docs").symlink_to(ROOT / "docs")
+    bindir = os.path.dirname(sys.executable)
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""),
+               COLUMNS=WIDTH, OPENBLAS_NUM_THREADS="1")
+    for command, sample in runs:
+        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+        gone = missing(sample, proc.stdout)
+        assert gone is None, (f"{page}:{line}: `{command}` printed no line like\n  {gone}\n"
+                              f"it printed:\n{proc.stdout}")
+
+
+def generated_help() -> str:
+    env = dict(os.environ, COLUMNS=WIDTH)
+    proc = subprocess.run([sys.executable, "-m", "gqa_mpi", "--help"], env=env, text=True,
+                          capture_output=True, timeout=60, check=True)
+    return f"{BEGIN}\n```\n{proc.stdout.rstrip()}\n```\n{END}"
+
+
+def test_the_options_page_is_the_parsers_help():
+    text = OPTIONS.read_text()
+    a, b = text.index(BEGIN), text.index(END) + len(END)
+    fresh = generated_help()
+    if os.environ.get("GQA_MPI_REGEN_DOCS"):
+        OPTIONS.write_text(text[:a] + fresh + text[b:])
+        text = OPTIONS.read_text()
+    assert text[a:text.index(END) + len(END)] == fresh, (
+        "docs/options.md differs from `python -m gqa_mpi --help`: run "
+        "GQA_MPI_REGEN_DOCS=1 python -m pytest tests/test_docs.py")
+
+
+def test_the_masking_keeps_what_is_stable():
+    assert missing(["time  step 1.2 ms, total 3 s"], "time step 9.87 ms, total 12 s") is None
+    assert missing(["check ... PASSED"], "anything") is None
+    assert missing(["a 16 ranks"], "a 15 ranks") == "a 16 ranks"
+    assert missing(["x", "y"], "y\nx") == "y"          # in order
+
+
+def test_the_library_page_shows_the_example_it_runs():
+    example = (ROOT / "docs" / "examples" / "decode.py").read_text()
+    assert example in (ROOT / "docs" / "library.md").read_text()
