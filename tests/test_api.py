@@ -1,4 +1,4 @@
-"""The library API, ``gqa_mpi.decode``, and the README's examples of it."""
+"""The library API, ``gqa_mpi.decode``, and the docs' examples of it."""
 import pathlib
 import re
 import subprocess
@@ -14,22 +14,21 @@ from whole_reference import attention_reference
 from gqa_mpi.tools.launcher import mpirun_command
 from util import run_bounded, unregister
 
-README = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+DOCS = pathlib.Path(__file__).parent.parent / "docs"
 
 
-def readme_block(after: str) -> str:
-    """The first ```python block of the README after the heading ``after``."""
-    section = README[README.index(after):]
-    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+def docs_block(page: str, after: str) -> str:
+    """The first ```python block of ``docs/page`` after the heading ``after``."""
+    text = (DOCS / page).read_text()
+    return re.search(r"```python\n(.*?)```", text[text.index(after):], re.S).group(1)
 
 
 @pytest.mark.parametrize("heading,prints", [
-    ("## Use it as a library", r"\(1, 2048\) step \d+\.\d ms\n"),
     ("### A serving loop", re.escape("(1, 2048) {'min': 1000, 'max': 1005}\n")),
 ])
-def test_readme_library_examples_run_as_written(tmp_path, heading, prints):
+def test_docs_library_examples_run_as_written(tmp_path, heading, prints):
     script = tmp_path / "example.py"
-    script.write_text(readme_block(heading))
+    script.write_text(docs_block("library.md", heading))
     proc = subprocess.run(mpirun_command(4, [sys.executable, str(script)]),
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -54,8 +53,8 @@ def test_the_loop_on_one_rank_grows_past_its_room_and_matches_the_reference():
         assert dec.record()[0].ranks[0].held == held
 
 
-def test_readme_schedule_example_registers_a_schedule():
-    exec(readme_block("### Adding a schedule or a wire"), {})
+def test_docs_schedule_example_registers_a_schedule():
+    exec(docs_block("architecture.md", "### Adding a schedule or a wire"), {})
     try:
         star = SCHEDULES.get("star")
         assert star.depth(Grid(2, 8, 4)) == 1 and star.depth(Grid(1, 1, 4)) == 0
