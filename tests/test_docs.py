@@ -88,6 +88,8 @@ def test_console_block_runs_and_prints_its_sample(page, line, runs, tmp_path):
     for command, sample in runs:
         proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
+        assert proc.returncode == 0, (f"{page}:{line}: `{command}` exited "
+                                      f"{proc.returncode}:\n{proc.stdout}")
         gone = missing(sample, proc.stdout)
         assert gone is None, (f"{page}:{line}: `{command}` printed no line like\n  {gone}\n"
                               f"it printed:\n{proc.stdout}")
