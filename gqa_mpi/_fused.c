@@ -1,4 +1,5 @@
-/* gqa_mpi._fused: the fused local attention kernel (one pass over K and V per tile).
+/* gqa_mpi._fused: the fused local attention kernel (one pass over K and V), and the
+ * streaming read the bench holds it to.
  *
  * sweep(q, k, v, m, l, O, lo, hi, tile, row_hi)
  *   q    (B, H, R, d) float32, scores' scale already applied
@@ -8,6 +9,8 @@
  *   lo, hi   tokens [lo, hi) of the slice to sweep; tiles start at lo
  *   tile     tokens per tile
  *   row_hi   None, or (R,) int64: row r sees slice tokens < row_hi[r] (causal mask)
+ *
+ * read(buffers, ahead=0, chunk=0): every byte of the buffers once (see its docstring).
  *
  * The arithmetic is compiled three times (_sweep.h) and picked at import from what
  * the CPU supports: AVX-512, AVX2 with FMA and F16C, or portable C. No NumPy C API:

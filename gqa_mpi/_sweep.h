@@ -116,8 +116,9 @@ static inline __attribute__((always_inline)) void NAME(scores)(
 
 /* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows:
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
- * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. fk and fv, when
- * given, are the prefetch streams of K and V; this block asks for its share of each. */
+ * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. With ahead > 0
+ * (the first row group), every line of K and V it reads is asked for again `ahead`
+ * bytes on: the lines the block two ahead will read. */
 static inline __attribute__((always_inline)) void NAME(block_rows)(
         const int RB, const int UB, const int W, const int half, const float *qt,
         const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
