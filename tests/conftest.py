@@ -4,6 +4,7 @@ Without this, one rank's failed assertion leaves the others waiting in a
 collective and the whole ``mpirun`` hangs until its timeout.
 """
 import inspect
+import os
 import re
 import sys
 
@@ -13,6 +14,12 @@ STARTS_PROCESSES = re.compile(r"\b(launch|run_bounded|subprocess\.\w+|Popen|gqa_
                               r"mpirun_command|study_run|bench_main)\(")
 """A call that starts processes: a test whose body (or a same-module helper it calls)
 makes one is marked ``launch``, so ``pytest -m "not launch"`` runs the pure tests."""
+
+
+# Open MPI's PMIx tries munge first, and where munge is installed but its daemon is not
+# running (SLURM installed and down, say) every mpirun waits 2.3 s for it; the tests'
+# launches are on one host, where PMIx's native security is all there is to check.
+os.environ.setdefault("PMIX_MCA_psec", "^munge")
 
 
 def pytest_runtest_logreport(report):
