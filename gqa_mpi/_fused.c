@@ -26,13 +26,13 @@
 /* Tokens per block of a tile's sweep (a multiple of 16), blocks of prefetch distance,
  * and dimensions per chunk of a score's sum: see _sweep.h. */
 #ifndef SUB
-#define SUB 64
+#define SUB 128
 #endif
 #ifndef AHEAD
 #define AHEAD 2
 #endif
 #ifndef DCH
-#define DCH 8
+#define DCH 32
 #endif
 #ifndef HINT
 #define HINT 2
@@ -305,5 +305,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
 PyMODINIT_FUNC PyInit__fused(void) {
     const char *want = getenv("GQA_MPI_ISA");  /* benchmarks may pin a slower path */
     if (pick(want && *want ? want : NULL) < 0) pick(NULL);
-    return PyModule_Create(&module);
+    PyObject *mod = PyModule_Create(&module);
+    if (mod && PyModule_AddIntConstant(mod, "SUB", SUB) < 0) Py_CLEAR(mod);
+    return mod;
 }

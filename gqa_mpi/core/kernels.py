@@ -44,6 +44,12 @@ def isa() -> str:
     return _fused.isa() if _fused is not None else "none"
 
 
+def fused_block() -> int:
+    """Tokens per block of the fused kernel's sweep (its scores scratch holds 8 rows of
+    them), or 0 where the kernel is not built."""
+    return getattr(_fused, "SUB", 0) if _fused is not None else 0
+
+
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
     """An empty K of ``S`` tokens in the fused layout, ``(B, h_kv, ceil(S/16), d, 16)``.
 

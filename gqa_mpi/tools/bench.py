@@ -112,9 +112,9 @@ def read_time(arrays, repeats: int) -> Dict:
 
 
 def fused_scratch_bytes(rows: int, d: int) -> int:
-    """The C kernel's own scratch (SCRATCH_FLOATS in _fused.c): a block's scores, the
-    rows transposed and the tile's partial, ``8 * 64 + 2 * R * d + 2 * R`` floats."""
-    return 4 * (8 * 64 + 2 * rows * d + 2 * rows)
+    """The C kernel's own scratch (SCRATCH_FLOATS in _fused.c): a block's scores (8 rows
+    of ``_fused.SUB`` tokens), the rows transposed and the tile's partial, in bytes."""
+    return 4 * (8 * kernels.fused_block() + 2 * rows * d + 2 * rows)
 
 
 def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
