@@ -283,6 +283,12 @@ static PyObject *use(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(chosen_name);
 }
 
+static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
+    Py_ssize_t R, d;
+    if (!PyArg_ParseTuple(args, "nn", &R, &d)) return NULL;
+    return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d));
+}
+
 static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
 
 static PyMethodDef methods[] = {
@@ -295,6 +301,8 @@ static PyMethodDef methods[] = {
      "with ahead > 0 each line is prefetched `ahead` bytes early. Returns a checksum (the sum "
      "of each piece's 64-bit words) so that no read is optimised away. The bench's read limit "
      "is the fastest of such reads."},
+    {"scratch_bytes", scratch_bytes, METH_VARARGS,
+     "scratch_bytes(R, d): the bytes of scratch one sweep call allocates for R rows of d"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on"},
     {NULL, NULL, 0, NULL},
 };
@@ -305,7 +313,5 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
 PyMODINIT_FUNC PyInit__fused(void) {
     const char *want = getenv("GQA_MPI_ISA");  /* benchmarks may pin a slower path */
     if (pick(want && *want ? want : NULL) < 0) pick(NULL);
-    PyObject *mod = PyModule_Create(&module);
-    if (mod && PyModule_AddIntConstant(mod, "SUB", SUB) < 0) Py_CLEAR(mod);
-    return mod;
+    return PyModule_Create(&module);
 }

@@ -44,12 +44,6 @@ def isa() -> str:
     return _fused.isa() if _fused is not None else "none"
 
 
-def fused_block() -> int:
-    """Tokens per block of the fused kernel's sweep (its scores scratch holds 8 rows of
-    them), or 0 where the kernel is not built."""
-    return getattr(_fused, "SUB", 0) if _fused is not None else 0
-
-
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
     """An empty K of ``S`` tokens in the fused layout, ``(B, h_kv, ceil(S/16), d, 16)``.
 
@@ -111,6 +105,12 @@ class FusedKernel:
     name = "fused"
     empty_k = staticmethod(key_blocks)
     put_k = staticmethod(put_key_blocks)
+
+    @staticmethod
+    def scratch_bytes(rows: int, d: int) -> int:
+        """The scratch one sweep allocates for ``rows`` query rows of ``d``: a block's
+        scores, the rows transposed and the tile's partial."""
+        return _fused.scratch_bytes(rows, d)
 
     @staticmethod
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,

@@ -111,12 +111,6 @@ def read_time(arrays, repeats: int) -> Dict:
     return reads.fastest({name: best_of(fn, repeats) for name, fn in reads.ways(arrays).items()})
 
 
-def fused_scratch_bytes(rows: int, d: int) -> int:
-    """The C kernel's own scratch (SCRATCH_FLOATS in _fused.c): a block's scores (8 rows
-    of ``_fused.SUB`` tokens), the rows transposed and the tile's partial, in bytes."""
-    return 4 * (8 * kernels.fused_block() + 2 * rows * d + 2 * rows)
-
-
 def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
                 d: int, repeats: int, torch_gqa_limit: int) -> List[Dict]:
     """Per S_local, G, K/V dtype and tile: the fused and NumPy sweeps over the limit,
@@ -158,7 +152,7 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                         scratch = tracemalloc.get_traced_memory()[1]
                         tracemalloc.stop()
                         if name == "fused":
-                            scratch += fused_scratch_bytes(G, d)
+                            scratch += kernels.FusedKernel.scratch_bytes(G, d)
                         t = best_of(lambda: sweep(q, k, v, scale=scale, tile=tile), repeats)
                         row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
                                     f"{name}_over_old_limit": t / row["old_limit_s"],
