@@ -22,7 +22,7 @@
  * that the lines of the whole slice are requested at the pace they are used. They are
  * asked for in address order (ask), not in the order the loops read them: P @ V reads
  * V down columns of JB rows, and a read of V in that order with prefetches in that
- * order took up to twice as long as with prefetches in address order (Xeon, EPYC).
+ * order took twice as long as with prefetches in address order (19 and 10 ms, EPYC).
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
