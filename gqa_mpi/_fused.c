@@ -10,7 +10,7 @@
  *   tile     tokens per tile
  *   row_hi   None, or (R,) int64: row r sees slice tokens < row_hi[r] (causal mask)
  *
- * read(buffers, ahead=0, chunk=0): every byte of the buffers once (see its docstring).
+ * read(buffers, ahead=0, chunk=0, again=0): every byte of the buffers once (see its docstring).
  *
  * The arithmetic is compiled three times (_sweep.h) and picked at import from what
  * the CPU supports: AVX-512, AVX2 with FMA and F16C, or portable C. No NumPy C API:
@@ -63,10 +63,12 @@
 #define VL 16
 #define ACC 16
 #define SUFFIX avx512
+#define AGAIN_ROWS 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
+#undef AGAIN_ROWS
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -74,20 +76,24 @@
 #define VL 8
 #define ACC 8
 #define SUFFIX avx2
+#define AGAIN_ROWS 4
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
+#undef AGAIN_ROWS
 #pragma GCC pop_options
 #endif
 
 #define VL 4
 #define ACC 8
 #define SUFFIX generic
+#define AGAIN_ROWS 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
+#undef AGAIN_ROWS
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
@@ -170,18 +176,21 @@ done:
 }
 
 /* Stream n bytes once with vectors of VB bytes, eight loads in flight and, with
- * ahead > 0, each line asked for `ahead` bytes before it is read; the sum of their
+ * ahead > 0, each line asked for `ahead` bytes before it is read (and, with again > 0,
+ * asked for once more `again` bytes nearer, as the sweep does); the sum of their
  * 64-bit words keeps the loads from being optimised away. Compiled per instruction
  * set like the sweep: the read limit the bench holds the sweep to. */
 #define READ_FN(NAME_, VB, TARGET)                                                      \
-    TARGET static uint64_t NAME_(const char *p, size_t n, size_t ahead) {               \
+    TARGET static uint64_t NAME_(const char *p, size_t n, size_t ahead, size_t again) { \
         typedef uint64_t vu __attribute__((vector_size(VB)));                           \
         vu acc[8] = {{0}};                                                              \
         size_t i = 0;                                                                   \
         for (; i + 8 * VB <= n; i += 8 * VB) {                                          \
             if (ahead)                                                                  \
-                for (size_t b = 0; b < 8 * VB; b += 64)                                 \
+                for (size_t b = 0; b < 8 * VB; b += 64) {                               \
                     __builtin_prefetch(p + i + b + ahead, 0, HINT);                     \
+                    if (again) __builtin_prefetch(p + i + b + ahead - again, 0, HINT);  \
+                }                                                                       \
             for (int u = 0; u < 8; u++) {                                               \
                 vu x;                                                                   \
                 memcpy(&x, p + i + (size_t)u * VB, VB);                                 \
@@ -205,14 +214,19 @@ READ_FN(read_avx2, 32, __attribute__((target("avx2"))))
 #endif
 READ_FN(read_generic, 16, )
 
-/* read(buffers, ahead=0, chunk=0): see the method table. */
+/* read(buffers, ahead=0, chunk=0, again=0): see the method table. */
 static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"buffers", "ahead", "chunk", NULL};
+    static char *names[] = {"buffers", "ahead", "chunk", "again", NULL};
     PyObject *seq, *objs;
-    Py_ssize_t ahead = 0, chunk = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nn", names, &seq, &ahead, &chunk)) return NULL;
-    if (ahead < 0 || chunk < 0) {
-        PyErr_SetString(PyExc_ValueError, "read: ahead and chunk are numbers of bytes, at least 0");
+    Py_ssize_t ahead = 0, chunk = 0, again = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nnn", names, &seq, &ahead, &chunk, &again))
+        return NULL;
+    if (ahead < 0 || chunk < 0 || again < 0) {
+        PyErr_SetString(PyExc_ValueError, "read: ahead, chunk and again are numbers of bytes, at least 0");
+        return NULL;
+    }
+    if (again > ahead) {
+        PyErr_SetString(PyExc_ValueError, "read: again must be at most ahead");
         return NULL;
     }
     if (!(objs = PySequence_Fast(seq, "read: buffers must be a sequence of buffers"))) return NULL;
@@ -230,7 +244,7 @@ static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
             goto done;
         longest = b[got].len > longest ? b[got].len : longest;
     }
-    uint64_t (*fn)(const char *, size_t, size_t) = read_generic;
+    uint64_t (*fn)(const char *, size_t, size_t, size_t) = read_generic;
 #ifdef GQA_X86
     if (chosen == sweep_head_avx512) fn = read_avx512;
     else if (chosen == sweep_head_avx2) fn = read_avx2;
@@ -242,7 +256,7 @@ static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
         for (Py_ssize_t i = 0; i < n; i++)
             if (at < b[i].len) {
                 const Py_ssize_t len = b[i].len - at < step ? b[i].len - at : step;
-                out += fn((const char *)b[i].buf + at, (size_t)len, (size_t)ahead);
+                out += fn((const char *)b[i].buf + at, (size_t)len, (size_t)ahead, (size_t)again);
             }
     Py_END_ALLOW_THREADS
     result = PyLong_FromUnsignedLongLong(out);
@@ -296,9 +310,10 @@ static PyMethodDef methods[] = {
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
                          "this CPU supports; returns the one chosen"},
     {"read", (PyCFunction)(void (*)(void))read_all, METH_VARARGS | METH_KEYWORDS,
-     "read(buffers, ahead=0, chunk=0): stream each C-contiguous buffer once, on the sweep's "
-     "instruction set: one after the other, or with chunk > 0 in turns of `chunk` bytes each; "
-     "with ahead > 0 each line is prefetched `ahead` bytes early. Returns a checksum (the sum "
+     "read(buffers, ahead=0, chunk=0, again=0): stream each C-contiguous buffer once, on the "
+     "sweep's instruction set: one after the other, or with chunk > 0 in turns of `chunk` bytes "
+     "each; with ahead > 0 each line is prefetched `ahead` bytes early, and with again > 0 "
+     "(at most ahead) once more `again` bytes nearer, as the sweep does. Returns a checksum (the sum "
      "of each piece's 64-bit words) so that no read is optimised away. The bench's read limit "
      "is the fastest of such reads."},
     {"scratch_bytes", scratch_bytes, METH_VARARGS,

@@ -222,9 +222,12 @@ def test_the_streaming_read_touches_every_byte_in_every_order(isa):
     for ahead in (0, 64, 4096):
         for chunk in (0, 64, 800):
             assert fused.read([a, b], ahead, chunk) == total
+            assert fused.read([a, b], ahead, chunk, ahead // 2) == total   # asked twice
     assert fused.read([np.arange(7, dtype=np.uint8)]) == 21     # a tail shorter than a word
     with pytest.raises(ValueError, match="at least 0"):
         fused.read([a], -1)
+    with pytest.raises(ValueError, match="again must be at most ahead"):
+        fused.read([a], 64, 0, 128)
 
 
 def test_the_read_limit_is_the_fastest_way_and_keeps_the_old_one_beside_it():

@@ -8,7 +8,8 @@ the fastest of them, so that no kernel can beat it by reading more cleverly.
 - ``torch.sum``, where PyTorch is installed;
 - ``C``: :func:`gqa_mpi._fused.read`, a vectorised streaming read on the sweep's
   instruction set, one array after the other or in turns of 64 KiB (as the sweep
-  reads K and V), each line prefetched 0, 4, 16 or 64 KiB ahead.
+  reads K and V), each line prefetched 0, 4, 16 or 64 KiB ahead, or (as the sweep
+  does) 64 or 128 KiB ahead and again at half that.
 
 Each is one thread: the callers pin BLAS and PyTorch to one.
 """
@@ -54,6 +55,9 @@ def ways(arrays: List[np.ndarray]) -> Dict[str, Callable[[], object]]:
         for ahead in (0, 4096, 16384, 65536):
             out[f"C chunk={chunk // 1024}K ahead={ahead // 1024}K"] = (
                 lambda chunk=chunk, ahead=ahead: _fused.read(arrays, ahead, chunk))
+        for ahead in (65536, 131072):
+            out[f"C chunk={chunk // 1024}K ahead={ahead // 1024}K twice"] = (
+                lambda chunk=chunk, ahead=ahead: _fused.read(arrays, ahead, chunk, ahead // 2))
     return out
 
 
