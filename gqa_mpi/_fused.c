@@ -63,12 +63,14 @@
 #define VL 16
 #define ACC 16
 #define SUFFIX avx512
+#define ROWS_PASS 8
 #define AGAIN_ROWS 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
 #undef AGAIN_ROWS
+#undef ROWS_PASS
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -76,24 +78,28 @@
 #define VL 8
 #define ACC 8
 #define SUFFIX avx2
+#define ROWS_PASS 4
 #define AGAIN_ROWS 4
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
 #undef AGAIN_ROWS
+#undef ROWS_PASS
 #pragma GCC pop_options
 #endif
 
 #define VL 4
 #define ACC 8
 #define SUFFIX generic
+#define ROWS_PASS 8
 #define AGAIN_ROWS 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
 #undef AGAIN_ROWS
+#undef ROWS_PASS
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,

@@ -3,17 +3,25 @@
  *
  * Before each inclusion: VL (lanes per vector: 16, 8 or 4; 16 and 8 use the AVX-512
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
- * registers), AGAIN_ROWS (groups of at most so many rows ask for each line twice; see
- * below) and SUFFIX (appended to the function names).
+ * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_ROWS (groups
+ * of at most so many rows ask for each line twice; see below) and SUFFIX (appended to
+ * the function names).
  *
  * One call sweeps tokens [lo, hi) of one KV head for all R query rows, in tiles of
  * `tile` tokens. A tile is swept in blocks of SUB tokens; per block and per group of
  * RB rows (8, 4, 2 or 1):
- *   scores   RB x SUB, every K value loaded once and multiplied into RB x UB
- *            accumulators (UB vectors of tokens at once);
+ *   scores   RB x SUB, every K value loaded from memory once and multiplied into
+ *            RS x UB accumulators (UB vectors of tokens at once), RS = RB rows or, in
+ *            groups of more than ROWS_PASS rows, passes of ROWS_PASS over the same
+ *            32 dimensions of K, from L1;
  *   softmax  the block's max per row; where it raises the tile's max, the tile's
  *            partial is rescaled; the weights exp(s - m) overwrite the scores;
- *   P @ V    RB x W accumulators over the block's V rows, 32 rows (in L1) at a time.
+ *   P @ V    RS x W accumulators over the block's V rows, 32 rows (in L1) at a time,
+ *            in passes of RS rows likewise.
+ * The passes are for AVX2's 16 registers: 8 rows at one vector each need one broadcast
+ * load per FMA, 4 rows at two vectors each 3 loads per 4 FMAs. Interleaved with one pass
+ * of 8 (EPYC, 64K tokens, G = 8), two passes of 4 took 5% less time (29.3 and 30.8 ms
+ * float32, 27.4 and 28.2 float16); on AVX-512 passes of 4 were slower.
  * A tile's partial (its own m, l and O, summed from zero) is merged into the running
  * one at the tile's end: summing each tile from zero keeps float32 error near rounding
  * at 256K tokens.
@@ -112,44 +120,49 @@ static inline __attribute__((always_inline)) VF NAME(vexp)(VF x) {
  * of K, dimension i at + 16 * i), into sc (row r at r * SUB, vector u at u * VL).
  * The sum over d goes in chunks of DCH dimensions, each summed from zero and then
  * added to the total: with |scores| large (1e5, say) a single running sum over d
- * rounds d times at the total's magnitude, several times what BLAS does. */
+ * rounds d times at the total's magnitude, several times what BLAS does. The rows go
+ * in passes of RS over each chunk: the first pass reads the chunk of K from memory
+ * (and asks for the lines ahead), the others from L1. */
 static inline __attribute__((always_inline)) void NAME(scores)(
-        const int RB, const int UB, const int half, const float *qt, const void *k,
-        const Py_ssize_t d, const size_t *kofs, float *sc, const char *ask, size_t *asked,
-        const size_t again) {
+        const int RB, const int RS, const int UB, const int half, const float *qt,
+        const void *k, const Py_ssize_t d, const size_t *kofs, float *sc, const char *ask,
+        size_t *asked, const size_t again) {
     const VF zero = {0};
     for (Py_ssize_t i0 = 0; i0 < d; i0 += DCH) {
         const Py_ssize_t i1 = i0 + DCH < d ? i0 + DCH : d;
-        VF acc[8][ACC];
-        for (int r = 0; r < RB; r++)
-            for (int u = 0; u < UB; u++) acc[r][u] = zero;
-        for (Py_ssize_t i = i0; i < i1; i++) {
-            NAME(ask)(ask, asked, (size_t)UB * VL * (half ? 2 : 4), again);
-            VF kv[ACC];
-            for (int u = 0; u < UB; u++) kv[u] = LOADV(half, k, kofs[u] + (size_t)i * 16);
-            for (int r = 0; r < RB; r++) {
-                const float qv = qt[i * RB + r];
-                for (int u = 0; u < UB; u++) acc[r][u] += qv * kv[u];
+        for (int r0 = 0; r0 < RB; r0 += RS) {
+            VF acc[8][ACC];
+            for (int r = 0; r < RS; r++)
+                for (int u = 0; u < UB; u++) acc[r][u] = zero;
+            for (Py_ssize_t i = i0; i < i1; i++) {
+                NAME(ask)(r0 ? NULL : ask, asked, (size_t)UB * VL * (half ? 2 : 4), again);
+                VF kv[ACC];
+                for (int u = 0; u < UB; u++) kv[u] = LOADV(half, k, kofs[u] + (size_t)i * 16);
+                for (int r = 0; r < RS; r++) {
+                    const float qv = qt[i * RB + r0 + r];
+                    for (int u = 0; u < UB; u++) acc[r][u] += qv * kv[u];
+                }
             }
+            for (int r = 0; r < RS; r++)
+                for (int u = 0; u < UB; u++) {
+                    float *at = sc + (r0 + r) * SUB + u * VL;
+                    VF s = acc[r][u];
+                    if (i0) s += NAME(ld32)(at);
+                    memcpy(at, &s, sizeof s);
+                }
         }
-        for (int r = 0; r < RB; r++)
-            for (int u = 0; u < UB; u++) {
-                float *at = sc + r * SUB + u * VL;
-                VF s = acc[r][u];
-                if (i0) s += NAME(ld32)(at);
-                memcpy(at, &s, sizeof s);
-            }
     }
 }
 
-/* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows:
+/* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows in
+ * passes of RS (UB vectors of tokens at a time in the scores, W of O's in P @ V):
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
  * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. With ahead > 0
  * (the first row group), as many lines of K and V as it reads are asked for `ahead`
  * bytes on, in order: the lines of the block two ahead. */
 static inline __attribute__((always_inline)) void NAME(block_rows)(
-        const int RB, const int UB, const int W, const int half, const float *qt,
-        const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
+        const int RB, const int RS, const int UB, const int W, const int half,
+        const float *qt, const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
         const Py_ssize_t s1, const Py_ssize_t *hi, float *mt, float *lt, float *Ot,
         float *sc, const size_t ahead, const size_t again) {
     const Py_ssize_t b0 = s0 / 16, base = 16 * b0;
@@ -168,8 +181,8 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
             const Py_ssize_t tok = base + (Py_ssize_t)(u0 + u) * VL;
             kofs[u] = (size_t)(tok / 16) * (size_t)d * 16 + (size_t)(tok % 16);
         }
-        if (n == UB) NAME(scores)(RB, UB, half, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
-        else NAME(scores)(RB, 1, half, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
+        if (n == UB) NAME(scores)(RB, RS, UB, half, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
+        else NAME(scores)(RB, RS, 1, half, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
     }
     /* softmax: mask to [s0, hi[r]) (unless the block lies inside it), the block's max,
      * the weights and their sum. A NaN score makes the row's sum NaN, and its max too. */
@@ -214,27 +227,31 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
         lt[r] += tsum;
         if (lt[r] != lt[r]) mt[r] = NAN;
     }
-    /* P @ V over the block's tokens, JB rows of V at a time */
+    /* P @ V over the block's tokens, JB rows of V at a time, each chunk of W vectors of
+     * columns in passes of RS rows (the first from memory, the others from L1) */
     const Py_ssize_t cw = (Py_ssize_t)W * VL, chunks = d / cw;
     for (Py_ssize_t j0 = s0; j0 < s1; j0 += JB) {
         const Py_ssize_t j1 = j0 + JB < s1 ? j0 + JB : s1;
-        for (Py_ssize_t c = 0; c < chunks * cw; c += cw) {
-            VF acc[8][8];
-            for (int r = 0; r < RB; r++)
-                for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(Ot + r * d + c + w * VL);
-            for (Py_ssize_t j = j0; j < j1; j++) {
-                NAME(ask)(askv, &askedv, (size_t)W * VL * es, again);
-                VF vv[8];
-                for (int w = 0; w < W; w++)
-                    vv[w] = LOADV(half, v, (size_t)j * (size_t)d + (size_t)c + (size_t)w * VL);
-                for (int r = 0; r < RB; r++) {
-                    const float p = sc[r * SUB + (j - base)];
-                    for (int w = 0; w < W; w++) acc[r][w] += p * vv[w];
+        for (Py_ssize_t c = 0; c < chunks * cw; c += cw)
+            for (int r0 = 0; r0 < RB; r0 += RS) {
+                float *Or = Ot + r0 * d + c;
+                const float *pr = sc + r0 * SUB - base;
+                VF acc[8][8];
+                for (int r = 0; r < RS; r++)
+                    for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(Or + r * d + w * VL);
+                for (Py_ssize_t j = j0; j < j1; j++) {
+                    NAME(ask)(r0 ? NULL : askv, &askedv, (size_t)W * VL * es, again);
+                    VF vv[8];
+                    for (int w = 0; w < W; w++)
+                        vv[w] = LOADV(half, v, (size_t)j * (size_t)d + (size_t)c + (size_t)w * VL);
+                    for (int r = 0; r < RS; r++) {
+                        const float p = pr[r * SUB + j];
+                        for (int w = 0; w < W; w++) acc[r][w] += p * vv[w];
+                    }
                 }
+                for (int r = 0; r < RS; r++)
+                    for (int w = 0; w < W; w++) memcpy(Or + r * d + w * VL, &acc[r][w], sizeof(VF));
             }
-            for (int r = 0; r < RB; r++)
-                for (int w = 0; w < W; w++) memcpy(Ot + r * d + c + w * VL, &acc[r][w], sizeof(VF));
-        }
         for (Py_ssize_t c = chunks * cw; c < d; c++) {  /* d not a multiple of W * VL */
             for (Py_ssize_t j = j0; j < j1; j++) {
                 const size_t at = (size_t)j * (size_t)d + (size_t)c;
@@ -283,9 +300,10 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #ifndef UB8
 #define UB8 1
 #endif
-#define UBS(RB) (RB == 8 ? UB8 : (ACC / RB) < SUB / VL ? (ACC / RB) : SUB / VL)
-#define WS(RB) ((ACC / RB) > 8 ? 8 : (ACC / RB))
-#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, UBS(RB), WS(RB), HALF, qr, k, v, d, s0, \
+#define RSS(RB) (RB > ROWS_PASS ? ROWS_PASS : RB)
+#define UBS(RB) (RSS(RB) == 8 ? UB8 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
+#define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
+#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, k, v, d, s0, \
                                               s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead, \
                                               RB <= AGAIN_ROWS ? again : 0)
 #define BY_ROWS(HALF) switch (rb) {                  \
@@ -299,6 +317,7 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #undef BLOCK_ROWS
 #undef WS
 #undef UBS
+#undef RSS
             }
         }
         /* merge the tile's partial into the running one */
