@@ -64,12 +64,12 @@
 #define ACC 16
 #define SUFFIX avx512
 #define ROWS_PASS 8
-#define AGAIN_ROWS 8
+#define AGAIN_FPB 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
-#undef AGAIN_ROWS
+#undef AGAIN_FPB
 #undef ROWS_PASS
 #pragma GCC pop_options
 
@@ -79,12 +79,12 @@
 #define ACC 8
 #define SUFFIX avx2
 #define ROWS_PASS 4
-#define AGAIN_ROWS 4
+#define AGAIN_FPB 4
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
-#undef AGAIN_ROWS
+#undef AGAIN_FPB
 #undef ROWS_PASS
 #pragma GCC pop_options
 #endif
@@ -93,12 +93,12 @@
 #define ACC 8
 #define SUFFIX generic
 #define ROWS_PASS 8
-#define AGAIN_ROWS 8
+#define AGAIN_FPB 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
-#undef AGAIN_ROWS
+#undef AGAIN_FPB
 #undef ROWS_PASS
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,

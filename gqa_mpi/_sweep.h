@@ -3,9 +3,9 @@
  *
  * Before each inclusion: VL (lanes per vector: 16, 8 or 4; 16 and 8 use the AVX-512
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
- * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_ROWS (groups
- * of at most so many rows ask for each line twice; see below) and SUFFIX (appended to
- * the function names).
+ * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
+ * with fewer flops per byte of K and V than this ask for each line twice; see below)
+ * and SUFFIX (appended to the function names).
  *
  * One call sweeps tokens [lo, hi) of one KV head for all R query rows, in tiles of
  * `tile` tokens. A tile is swept in blocks of SUB tokens; per block and per group of
@@ -32,11 +32,14 @@
  * asked for in address order (ask), not in the order the loops read them: P @ V reads
  * V down columns of JB rows, and a read of V in that order with prefetches in that
  * order took twice as long as with prefetches in address order (19 and 10 ms, EPYC).
- * Each line is asked for twice: AHEAD blocks ahead and again one block nearer. A core
- * may drop a prefetch it has no room for, and the second request covers the dropped
- * ones (the rest hit in L2). On the EPYC this cut the memory-bound sweeps (G = 1 and 4)
- * by 5-15%; with 8 rows on AVX2, where the loads already bind, it cost 5%, so groups
- * of more than AGAIN_ROWS rows ask once.
+ * Where the sweep waits on memory, each line is asked for twice: AHEAD blocks ahead and
+ * again one block nearer. A core may drop a prefetch it has no room for, and the
+ * second request covers the dropped ones (the rest hit in L2). On the EPYC this cut
+ * the memory-bound sweeps (G = 1 and 4) by 5-13%. Where the flops bind, it costs a
+ * load slot per line: 5% at 8 rows on AVX2 (4 flops per byte of float32 K and V),
+ * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
+ * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
+ * below AGAIN_FPB it asks twice.
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -305,7 +308,8 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
 #define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, k, v, d, s0, \
                                               s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead, \
-                                              RB <= AGAIN_ROWS ? again : 0)
+                                              ((HALF) ? 2 * RB : RB) < 2 * AGAIN_FPB \
+                                              ? again : 0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \
                 case 4: BLOCK_ROWS(4, HALF); break;  \
