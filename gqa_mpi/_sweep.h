@@ -162,7 +162,8 @@ static inline __attribute__((always_inline)) void NAME(scores)(
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
  * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. With ahead > 0
  * (the first row group), as many lines of K and V as it reads are asked for `ahead`
- * bytes on, in order: the lines of the block two ahead. */
+ * bytes on, in order: the lines of the block two ahead; with again > 0, once more
+ * `again` bytes nearer. */
 static inline __attribute__((always_inline)) void NAME(block_rows)(
         const int RB, const int RS, const int UB, const int W, const int half,
         const float *qt, const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
@@ -304,12 +305,12 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #define UB8 1
 #endif
 #define RSS(RB) (RB > ROWS_PASS ? ROWS_PASS : RB)
+#define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? UB8 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
 #define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, k, v, d, s0, \
                                               s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead, \
-                                              ((HALF) ? 2 * RB : RB) < 2 * AGAIN_FPB \
-                                              ? again : 0)
+                                              FPB(RB, HALF) < AGAIN_FPB ? again : 0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \
                 case 4: BLOCK_ROWS(4, HALF); break;  \
@@ -322,6 +323,7 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #undef WS
 #undef UBS
 #undef RSS
+#undef FPB
             }
         }
         /* merge the tile's partial into the running one */
