@@ -1,7 +1,7 @@
 /* gqa_mpi._fused: the fused local attention kernel (one pass over K and V), and the
  * streaming read the bench holds it to.
  *
- * sweep(q, k, v, m, l, O, lo, hi, tile, row_hi)
+ * sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0)
  *   q    (B, H, R, d) float32, scores' scale already applied
  *   k    (B, H, nb, d, 16) float32 or float16: K in blocks of 16 tokens, transposed
  *   v    (B, H, S, d) same dtype as k, S <= 16 * nb
@@ -9,6 +9,10 @@
  *   lo, hi   tokens [lo, hi) of the slice to sweep; tiles start at lo
  *   tile     tokens per tile
  *   row_hi   None, or (R,) int64: row r sees slice tokens < row_hi[r] (causal mask)
+ *   wrap     for timing only: with wrap > 0 (a multiple of SUB, lo = 0, wrap + SUB <= S)
+ *            every block reads the K and V of the first `wrap` tokens of its head again
+ *            and again, with no prefetch: what the loops cost with K and V in cache,
+ *            the memory left out. The scores, the mask and the tiles are the sweep's.
  *
  * read(buffers, ahead=0, chunk=0, again=0): every byte of the buffers once (see its docstring).
  *
@@ -40,6 +44,9 @@
 #ifndef JB
 #define JB 32   /* rows of V per step of P @ V: 32 rows of d = 128 floats are 16 KiB (L1) */
 #endif
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
 
 /* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
 #define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
@@ -103,7 +110,7 @@
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
-                         float *, float *, float *, float *);
+                         float *, float *, float *, float *, Py_ssize_t);
 
 static sweep_fn chosen = sweep_head_generic;
 static const char *chosen_name = "generic";
@@ -116,9 +123,9 @@ static int is_i64(const Py_buffer *b) {
 
 static PyObject *sweep(PyObject *self, PyObject *args) {
     PyObject *objs[7];
-    Py_ssize_t lo, hi, tile;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnnO", &objs[0], &objs[1], &objs[2], &objs[3],
-                          &objs[4], &objs[5], &lo, &hi, &tile, &objs[6]))
+    Py_ssize_t lo, hi, tile, wrap = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnO|n", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5], &lo, &hi, &tile, &objs[6], &wrap))
         return NULL;
     Py_buffer b[7];
     int got = 0;
@@ -150,6 +157,9 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
             "sweep: shapes do not agree");
     REQUIRE(0 <= lo && lo <= hi && hi <= S && tile >= 1 && S < INT32_MAX - 64,
             "sweep: need 0 <= lo <= hi <= S < 2**31 and tile >= 1");
+    REQUIRE(wrap == 0 || (wrap > 0 && wrap % SUB == 0 && lo == 0 && wrap + SUB <= S),
+            "sweep: wrap must be 0, or a multiple of " STR(SUB) " tokens with lo = 0 and wrap + "
+            STR(SUB) " <= S");
     const Py_ssize_t *row_hi = NULL;
     if (n_bufs == 7) {
         REQUIRE(b[6].ndim == 1 && b[6].shape[0] == R && is_i64(&b[6]), "sweep: row_hi must be (R,) int64");
@@ -169,7 +179,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
                    (const char *)k->buf + (size_t)h * nb * d * 16 * es,
                    (const char *)v->buf + (size_t)h * S * d * es, half, R, d, lo, hi, tile,
                    row_hi, (float *)m->buf + h * R, (float *)l->buf + h * R,
-                   (float *)O->buf + h * R * d, scratch);
+                   (float *)O->buf + h * R * d, scratch, wrap);
         Py_END_ALLOW_THREADS
         free(scratch);
     }
@@ -312,7 +322,7 @@ static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
 static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
 
 static PyMethodDef methods[] = {
-    {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi): see the module source"},
+    {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0): see the module source"},
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
                          "this CPU supports; returns the one chosen"},
     {"read", (PyCFunction)(void (*)(void))read_all, METH_VARARGS | METH_KEYWORDS,

@@ -267,11 +267,13 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
 }
 
 /* Tokens [lo, hi) of one KV head, all R rows, in tiles of `tile` tokens. Scratch:
- * SCRATCH_FLOATS(R, d) floats, 64-byte aligned. */
+ * SCRATCH_FLOATS(R, d) floats, 64-byte aligned. With wrap > 0 (timing only; lo = 0 and
+ * wrap a multiple of SUB) a block at s0 reads K and V at s0 - (s0 - s0 % wrap): the
+ * first wrap + SUB tokens over and over, with no prefetch, so they stay in cache. */
 static void NAME(sweep_head)(const float *q, const void *k, const void *v, int half,
                              Py_ssize_t R, Py_ssize_t d, Py_ssize_t lo, Py_ssize_t hi,
                              Py_ssize_t tile, const Py_ssize_t *row_hi, float *m, float *l,
-                             float *O, float *scratch) {
+                             float *O, float *scratch, Py_ssize_t wrap) {
     float *sc = scratch, *qt = sc + 8 * SUB, *mt = qt + R * d, *lt = mt + R, *Ot = lt + R;
     /* the rows in groups of 8, 4, 2, 1, each transposed (d x rb) for the scores */
     for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
@@ -291,6 +293,8 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
         memset(Ot, 0, sizeof(float) * (size_t)R * (size_t)d);
         for (Py_ssize_t s0 = t0, s1; s0 < t1; s0 = s1) {
             s1 = s0 / 16 * 16 + SUB < t1 ? s0 / 16 * 16 + SUB : t1;
+            const size_t back = wrap ? (size_t)(s0 - s0 % wrap) * (size_t)d * es : 0;
+            const void *kb = (const char *)k - back, *vb = (const char *)v - back;
             for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
                 rb = GROUP(R - r0);
                 Py_ssize_t cut[8];
@@ -308,8 +312,8 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? UB8 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
-#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, k, v, d, s0, \
-                                              s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead, \
+#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, kb, vb, d, s0, \
+                                              s1, cut, mr, lr, Or, sc, r0 || wrap ? 0 : ahead, \
                                               FPB(RB, HALF) < AGAIN_FPB ? again : 0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \

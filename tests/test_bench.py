@@ -19,6 +19,8 @@ def test_bench_quick_runs(tmp_path):
     assert "fused/limit" in proc.stdout and "reduce/local" in proc.stdout
     assert {r["tile"] for r in rec["local"]} == {256, 1024}
     assert {r["kv_dtype"] for r in rec["local"]} == {"float32", "float16"}
+    assert "cached ms" in proc.stdout
+    assert all(r["fused_cached_s"] > 0 for r in rec["local"] if r["S_local"] >= 384)
     assert all("error" not in r for r in rec["reduction"])
     assert {r["reduce"] for r in rec["reduction"]} == set(SCHEDULES.names())
     proc, rec = bench(tmp_path, "step", "--quick")

@@ -187,6 +187,31 @@ def test_sweep_refuses_mismatched_arrays_instead_of_reading_out_of_bounds():
         fused.use("sse9")
 
 
+def test_wrap_rereads_the_first_tokens_as_a_repeated_slice_would(isa):
+    """The bench's in-cache timing: with wrap, the blocks read the first `wrap` tokens
+    again and again, the same arithmetic as a slice that repeats them."""
+    S, W, d = 1024, 256, 128
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((1, 2, 3, d)).astype(np.float32)
+    for dtype in (np.float32, np.float16):
+        rows = rng.standard_normal((2, 1, S, 2 * d)).astype(np.float32)
+        repeated = np.concatenate([rows[:, :, :W]] * (S // W), axis=2)
+        def resident(r):
+            return kernels.make_resident(kernels.FusedKernel, lambda n, i, j: r["kv".index(n)][:, i:j],
+                                         S, 1, 2, d, dtype)
+        k, v = resident(rows)
+        kr, vr = resident(repeated)
+        got = kernels.FusedKernel.sweep(q, k, v, scale=0.1, tile=512, wrap=W)
+        want = kernels.FusedKernel.sweep(q, kr, vr, scale=0.1, tile=512)
+        assert np.array_equal(got.O, want.O) and np.array_equal(got.l, want.l)
+    m, l, O = (np.zeros(s, np.float32) for s in ((1, 2, 3), (1, 2, 3), (1, 2, 3, d)))
+    for lo, wrap in ((0, 100), (128, 256), (0, S - 64)):
+        with pytest.raises(ValueError, match="wrap must be 0, or a multiple of 128"):
+            fused.sweep(q, k, v, m, l, O, lo, S, 512, None, wrap)
+    with pytest.raises(ValueError, match="on_tile"):
+        kernels.FusedKernel.sweep(q, k, v, scale=0.1, wrap=W, on_tile=lambda *a: None)
+
+
 def test_auto_falls_back_to_numpy_with_one_line(monkeypatch):
     monkeypatch.setattr(kernels, "_fused", None)
     monkeypatch.setattr(kernels, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")

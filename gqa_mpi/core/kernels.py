@@ -115,10 +115,14 @@ class FusedKernel:
     @staticmethod
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
               tile: int = 1024, start: int = 0, causal_limit: Optional[np.ndarray] = None,
-              on_tile: Optional[Callable] = None, count: Optional[int] = None) -> Partial:
+              on_tile: Optional[Callable] = None, count: Optional[int] = None,
+              wrap: int = 0) -> Partial:
         """Same contract as :func:`gqa_mpi.core.attention.local_attention`; ``k`` in the
         :func:`key_blocks` layout, ``v`` resident, both float32 or both float16; only
-        the first ``count`` tokens (all by default) are swept."""
+        the first ``count`` tokens (all by default) are swept. ``wrap`` is for timing
+        only (the bench's in-cache column): every block reads the K and V of the first
+        ``wrap`` tokens again, with no prefetch (see ``_fused.c``); its result is not
+        the slice's attention."""
         B, h_kv, R, d = q.shape
         S_local = v.shape[2] if count is None else count
         tile = max(1, min(tile, S_local))   # the kernel's scratch is sized by the tile
@@ -129,8 +133,10 @@ class FusedKernel:
             row_hi = np.clip(np.asarray(causal_limit, dtype=np.int64) - start + 1,
                              0, S_local).astype(np.int64)
         if on_tile is None:
-            _fused.sweep(qs, k, v, p.m, p.l, p.O, 0, S_local, tile, row_hi)
+            _fused.sweep(qs, k, v, p.m, p.l, p.O, 0, S_local, tile, row_hi, wrap)
             return p
+        if wrap:
+            raise ValueError("wrap times one whole sweep: it takes no on_tile")
         for s0 in range(0, S_local, tile):
             s1 = min(s0 + tile, S_local)
             t0 = time.perf_counter()

@@ -111,6 +111,11 @@ def read_time(arrays, repeats: int) -> Dict:
     return reads.fastest({name: best_of(fn, repeats) for name, fn in reads.ways(arrays).items()})
 
 
+CACHED = 256
+"""Tokens of each head the in-cache sweep reads again and again: 256 KiB of float32 K
+and V at d = 128, within a core's L2."""
+
+
 def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
                 d: int, repeats: int, torch_gqa_limit: int) -> List[Dict]:
     """Per S_local, G, K/V dtype and tile: the fused and NumPy sweeps over the limit,
@@ -157,6 +162,10 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                         row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
                                     f"{name}_over_old_limit": t / row["old_limit_s"],
                                     f"{name}_scratch_bytes": scratch})
+                    if "fused" in held and S >= CACHED + 128:
+                        k, v = held["fused"]
+                        row["fused_cached_s"] = best_of(lambda: kernels.FusedKernel.sweep(
+                            q, k, v, scale=scale, tile=tile, wrap=CACHED), repeats)
                     ours = row.get("fused_s", row["numpy_s"])
                     for name, bt in baselines.items():
                         row[f"{name}_s"] = bt
@@ -389,11 +398,15 @@ def print_tables(result: Dict) -> None:
         print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
               "dtype; the read is the\n  fastest way this machine has (read way: numpy.sum, "
               "numpy.dot, sgemv, torch.sum, C); 'numpy read'\n  is the fastest of numpy.sum and "
-              "numpy.dot (the limit before) and fused/old its ratio;\n  X/limit: 1.0 is the "
+              "numpy.dot (the limit before) and fused/old its ratio;\n  cached ms: the same sweep "
+              f"with K and V in cache (each head's first {CACHED} tokens read\n  over and "
+              "over, no prefetch): what the loops cost without the memory. fused ms near it: "
+              "the\n  flops bind; near read ms: the memory; above both: the two do not "
+              "overlap\n  X/limit: 1.0 is the "
               "limit, lower is impossible, higher is slower; torch/ours: above 1 we are faster")
         extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
         head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
-                f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} "
+                f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} {'cached ms':>9} "
                 f"{'fused/limit':>11} {'fused/old':>9} {'numpy ms':>9} {'numpy/limit':>11} "
                 f"{'scratch KiB':>11}  " + "  ".join(f"{e + '/ours':>17}" for e in extra))
         print(head)
@@ -402,7 +415,8 @@ def print_tables(result: Dict) -> None:
             print(f"{r['G']:>2} {r['S_local']:>8} {r['kv_dtype']:>7} {r['tile']:>5} "
                   f"{r['read_s'] * 1e3:>8.2f} {reads.short(r['read_way']):>9} "
                   f"{r['read_old_s'] * 1e3:>10.2f} {r['flop_s'] * 1e3:>8.2f} "
-                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_over_limit', nan):>11.2f} "
+                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_cached_s', nan) * 1e3:>9.2f} "
+                  f"{r.get('fused_over_limit', nan):>11.2f} "
                   f"{r.get('fused_over_old_limit', nan):>9.2f} "
                   f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
                   f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
