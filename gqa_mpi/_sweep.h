@@ -312,8 +312,8 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? UB8 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
-#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, kb, vb, d, s0, \
-                                              s1, cut, mr, lr, Or, sc, r0 || wrap ? 0 : ahead, \
+#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, kb, vb, d, \
+                                              s0, s1, cut, mr, lr, Or, sc, r0 || wrap ? 0 : ahead, \
                                               FPB(RB, HALF) < AGAIN_FPB ? again : 0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \

@@ -197,8 +197,8 @@ def test_wrap_rereads_the_first_tokens_as_a_repeated_slice_would(isa):
         rows = rng.standard_normal((2, 1, S, 2 * d)).astype(np.float32)
         repeated = np.concatenate([rows[:, :, :W]] * (S // W), axis=2)
         def resident(r):
-            return kernels.make_resident(kernels.FusedKernel, lambda n, i, j: r["kv".index(n)][:, i:j],
-                                         S, 1, 2, d, dtype)
+            rows_of = lambda n, i, j: r["kv".index(n)][:, i:j]  # noqa: E731
+            return kernels.make_resident(kernels.FusedKernel, rows_of, S, 1, 2, d, dtype)
         k, v = resident(rows)
         kr, vr = resident(repeated)
         got = kernels.FusedKernel.sweep(q, k, v, scale=0.1, tile=512, wrap=W)

@@ -406,7 +406,8 @@ def print_tables(result: Dict) -> None:
               "limit, lower is impossible, higher is slower; torch/ours: above 1 we are faster")
         extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
         head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
-                f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} {'cached ms':>9} "
+                f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} "
+                f"{'cached ms':>9} "
                 f"{'fused/limit':>11} {'fused/old':>9} {'numpy ms':>9} {'numpy/limit':>11} "
                 f"{'scratch KiB':>11}  " + "  ".join(f"{e + '/ours':>17}" for e in extra))
         print(head)
@@ -486,7 +487,8 @@ def print_tables(result: Dict) -> None:
 
 
 SUBCOMMANDS = {
-    "local": "the local kernels over one slice against the read/flop limit, with torch",
+    "local": "the local kernels over one slice against the read/flop limit, the fused sweep "
+             "again with K and V in cache (its loops alone), and torch",
     "reduce": "real launches: what each schedule and wire adds to a step",
     "step": "real launches: the whole step against the host's read limit at N ranks",
     "source": "real launches: a kernel's own file through gqa_mpi's tl against the "
