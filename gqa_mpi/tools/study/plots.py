@@ -71,6 +71,9 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     They are named after the CSV too (``strong2_time.png`` for ``strong2.csv``), so two
     studies plotted into one folder both survive.
     """
+    points = scaling(medians(read_results(csv_path)))   # a bad file says so first
+    if not points:
+        raise StudyError(f"{csv_path}: no finished runs to plot")
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -78,9 +81,6 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     except ImportError:
         raise SystemExit("gqa_mpi.study plot: matplotlib is missing; "
                          "pip install -e \".[study]\"")
-    points = scaling(medians(read_results(csv_path)))
-    if not points:
-        raise StudyError(f"{csv_path}: no finished runs to plot")
     os.makedirs(out_dir, exist_ok=True)
     written = []
     stem = os.path.splitext(os.path.basename(csv_path))[0]
