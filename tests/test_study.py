@@ -215,6 +215,13 @@ def test_numerics_study_and_its_plot(tmp_path):
     assert 1e-4 < float(got["chain", "bf16"]["max_rel_err"]) < 2e-2
     assert float(got["chain", "bf16"]["err_p50"]) < float(got["chain", "bf16"]["err_p99"])
     assert "max_rel_err" in proc.stdout                     # the error table
+    blocked = subprocess.run(                    # without the study extra: one line
+        [sys.executable, "-c", "import sys; sys.modules['matplotlib'] = None; "
+         "from gqa_mpi.tools.study import cli; sys.exit(cli.main(['plot', sys.argv[1]]))",
+         str(out)], capture_output=True, text=True, timeout=120)
+    assert blocked.returncode != 0 and blocked.stderr.count("\n") == 1
+    assert "matplotlib is missing" in blocked.stderr
+    pytest.importorskip("matplotlib")
     plot = subprocess.run(STUDY + ["plot", str(out)], capture_output=True, text=True,
                           timeout=120)
     assert plot.returncode == 0, plot.stderr
