@@ -282,8 +282,9 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
             for (Py_ssize_t r = 0; r < rb; r++) qt[r0 * d + i * rb + r] = q[(r0 + r) * d + i];
     }
     const size_t es = half ? 2 : 4;
-    const size_t ahead = (size_t)AHEAD * SUB * (size_t)d * es;   /* bytes, K and V alike */
-    const size_t again = ahead / AHEAD;                             /* one block nearer */
+    /* bytes, K and V alike (none where wrap keeps them in cache); again: one block nearer */
+    const size_t ahead = wrap ? 0 : (size_t)AHEAD * SUB * (size_t)d * es;
+    const size_t again = (size_t)SUB * (size_t)d * es;
     for (Py_ssize_t t0 = lo; t0 < hi; t0 += tile) {
         const Py_ssize_t t1 = t0 + tile < hi ? t0 + tile : hi;
         for (Py_ssize_t r = 0; r < R; r++) {
@@ -305,15 +306,12 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
                 const float *qr = qt + r0 * d;
                 float *mr = mt + r0, *lr = lt + r0, *Or = Ot + r0 * d;
                 /* RB, UB, W and the element type are compile-time constants in each call */
-#ifndef UB8
-#define UB8 1
-#endif
 #define RSS(RB) (RB > ROWS_PASS ? ROWS_PASS : RB)
 #define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
-#define UBS(RB) (RSS(RB) == 8 ? UB8 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
+#define UBS(RB) (RSS(RB) == 8 ? 1 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
 #define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, kb, vb, d, \
-                                              s0, s1, cut, mr, lr, Or, sc, r0 || wrap ? 0 : ahead, \
+                                              s0, s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead, \
                                               FPB(RB, HALF) < AGAIN_FPB ? again : 0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \
