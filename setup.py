@@ -6,5 +6,5 @@ and gqa_mpi runs the NumPy sweep, saying so in one line.
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
-    "gqa_mpi._fused", sources=["gqa_mpi/_fused.c"], depends=["gqa_mpi/_sweep.h"],
+    "gqa_mpi._fused", sources=["gqa_mpi/_fused.c"], depends=["gqa_mpi/_sweep.h", "gqa_mpi/_stream.h"],
     extra_compile_args=["-O3", "-std=gnu11", "-Wno-unused-function"], optional=True)])

@@ -16,6 +16,10 @@
  *
  * read(buffers, ahead=0, chunk=0, again=0): every byte of the buffers once (see its docstring).
  *
+ * stream(buffer, fmas, wrap=0, ahead=0): the overlap probe (_stream.h): a float32 or
+ *   float16 buffer streamed once with `fmas` FMAs per element, or with wrap > 0 its first
+ *   `wrap` bytes again and again (the same work in cache).
+ *
  * The arithmetic is compiled three times (_sweep.h) and picked at import from what
  * the CPU supports: AVX-512, AVX2 with FMA and F16C, or portable C. No NumPy C API:
  * arrays arrive through the buffer protocol, so the build needs only a C compiler.
@@ -107,6 +111,10 @@
 #undef SUFFIX
 #undef AGAIN_FPB
 #undef ROWS_PASS
+
+/* Bytes the overlap probe's buffers and wrap are a multiple of: eight vectors of float32
+ * on the widest path. */
+#define STREAM_GROUP 512
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
@@ -282,6 +290,46 @@ done:
     return result;
 }
 
+/* stream(buffer, fmas, wrap=0, ahead=0): see the method table. */
+static PyObject *stream(PyObject *self, PyObject *args, PyObject *kw) {
+    static char *names[] = {"buffer", "fmas", "wrap", "ahead", NULL};
+    PyObject *obj;
+    int fmas;
+    Py_ssize_t wrap = 0, ahead = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "Oi|nn", names, &obj, &fmas, &wrap, &ahead))
+        return NULL;
+    Py_buffer b;
+    if (PyObject_GetBuffer(obj, &b, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    PyObject *result = NULL;
+    const char *why = !is_f32(&b) && !is_f16(&b) ? "stream: the buffer must be float32 or float16"
+        : b.len % STREAM_GROUP ? "stream: the buffer's bytes must be a multiple of " STR(STREAM_GROUP)
+        : wrap < 0 || wrap % STREAM_GROUP || wrap > b.len
+            ? "stream: wrap must be 0 or a multiple of " STR(STREAM_GROUP) " up to the buffer's bytes"
+        : ahead < 0 ? "stream: ahead is a number of bytes, at least 0"
+        : fmas != 0 && fmas != 1 && fmas != 2 && fmas != 4 && fmas != 8 && fmas != 16
+            ? "stream: fmas must be 0, 1, 2, 4, 8 or 16" : NULL;
+    if (why) {
+        PyErr_SetString(PyExc_ValueError, why);
+        goto done;
+    }
+    double (*fn)(const char *, int, size_t, size_t, size_t, int, float, float) = stream_generic;
+#ifdef GQA_X86
+    if (chosen == sweep_head_avx512) fn = stream_avx512;
+    else if (chosen == sweep_head_avx2) fn = stream_avx2;
+#endif
+    volatile float one = 1.0f;   /* coefficients the compiler cannot fold */
+    const float c0 = one + 1.0f / 1024, c1 = one + 2.0f / 1024;
+    double out;
+    Py_BEGIN_ALLOW_THREADS
+    out = fn((const char *)b.buf, is_f16(&b), (size_t)b.len, (size_t)wrap, (size_t)ahead, fmas,
+             c0, c1);
+    Py_END_ALLOW_THREADS
+    result = PyFloat_FromDouble(out);
+done:
+    PyBuffer_Release(&b);
+    return result;
+}
+
 /* Point `chosen` at the best path the CPU runs, no better than `want` (NULL: best). */
 static int pick(const char *want) {
     const int rank = !want ? 3 : !strcmp(want, "avx512") ? 3 : !strcmp(want, "avx2") ? 2
@@ -332,6 +380,15 @@ static PyMethodDef methods[] = {
      "(at most ahead) once more `again` bytes nearer, as the sweep does. Returns a checksum (the sum "
      "of each piece's 64-bit words) so that no read is optimised away. The bench's read limit "
      "is the fastest of such reads."},
+    {"stream", (PyCFunction)(void (*)(void))stream, METH_VARARGS | METH_KEYWORDS,
+     "stream(buffer, fmas, wrap=0, ahead=0): the overlap probe. Streams a C-contiguous float32 or "
+     "float16 buffer (bytes a multiple of " STR(STREAM_GROUP) ") once in address order on the "
+     "sweep's instruction set, widening each vector to float32 and doing `fmas` (0, 1, 2, 4, 8 "
+     "or 16) FMAs per element, as a sweep of that many query rows does; with ahead > 0 each line "
+     "is prefetched `ahead` bytes early; with wrap > 0 (a multiple of " STR(STREAM_GROUP) ") the "
+     "same work reads the first `wrap` bytes again and again, in cache. Returns the sum of the "
+     "accumulators: the elements' sum times the sum of the fmas coefficients, which alternate "
+     "between 1 + 1/1024 and 1 + 2/1024 (1 where fmas = 0)."},
     {"scratch_bytes", scratch_bytes, METH_VARARGS,
      "scratch_bytes(R, d): the bytes of scratch one sweep call allocates for R rows of d"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on"},

@@ -341,6 +341,8 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
     }
 }
 
+#include "_stream.h"   /* the overlap probe, on the same vectors and loads */
+
 #undef VF
 #undef VI
 #undef LOADV

@@ -27,6 +27,11 @@ def test_bench_quick_runs(tmp_path):
     assert "step/limit" in proc.stdout and all("error" not in r for r in rec["step"])
     assert {(r["kv_dtype"], r["reduce"]) for r in rec["step"]} == {
         (t, s) for t in ("float32", "float16") for s in ("chain", "allgather")}
+    proc, rec = bench(tmp_path, "overlap", "--quick")
+    assert "stream/max" in proc.stdout
+    assert {(r["kv_dtype"], r["G"]) for r in rec["overlap"]} == {
+        (t, g) for t in ("float32", "float16") for g in (1, 8)}
+    assert all(r["loops_s"] > 0 and r["stream_ahead"] in (0, 4096, 65536) for r in rec["overlap"])
     proc, rec = bench(tmp_path, "--quick", "source", "builtin:corrected")
     assert "tl/numpy" in proc.stdout and all("error" not in r for r in rec["source"])
     proc, rec = bench(tmp_path, "predict", "builtin:corrected", "--profile", "example-npu",
@@ -38,3 +43,6 @@ def test_a_bad_list_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", "step", "--reduce", "ring"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "no schedule 'ring'" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", "overlap", "--groups", "3"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "G of 1, 2, 4, 8 or 16, not 3" in proc.stderr, proc.stderr

@@ -255,6 +255,45 @@ def test_the_streaming_read_touches_every_byte_in_every_order(isa):
         fused.read([a], 64, 0, 128)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_the_overlap_probe_does_the_work_it_says(isa, dtype):
+    """``_fused.stream``: the sum it returns is the elements' sum times the sum of the
+    FMAs' coefficients (float64 here), so every element read and every FMA counted."""
+    x = (np.arange(8192) % 7 - 3).astype(dtype)
+    coef = [1 + 1 / 1024, 1 + 2 / 1024]
+    for fmas in (0, 1, 2, 4, 8, 16):
+        c = 1.0 if fmas == 0 else sum(coef[j % 2] for j in range(fmas))
+        want = float(np.abs(x).astype(np.float64).sum())
+        got = fused.stream(np.abs(x), fmas, ahead=4096)
+        assert got == pytest.approx(want * c, rel=1e-6)
+        first = np.abs(x).view(np.uint8)[:1024].view(dtype)   # wrap: these, again and again
+        want = float(first.astype(np.float64).sum()) * (x.nbytes // 1024)
+        assert fused.stream(np.abs(x), fmas, wrap=1024) == pytest.approx(want * c, rel=1e-6)
+
+
+def test_the_overlap_probe_refuses_what_it_cannot_time():
+    x = np.ones(1024, np.float32)
+    for bad, match in [((x[:100], 1), "multiple of 512"), ((x.astype(np.int32), 1), "float32 or"),
+                       ((x, 3), "fmas must be"), ((x, 1, 100), "wrap must be"),
+                       ((x, 1, 8192), "wrap must be"), ((x, 1, 0, -1), "at least 0")]:
+        with pytest.raises(ValueError, match=match):
+            fused.stream(*bad)
+
+
+def test_the_resident_k_and_v_start_on_a_page():
+    """Every vector load of the sweep then lies in one cache line (kernels.ALIGN)."""
+    rows = np.ones((1, 40, 2 * 8), np.float32)
+    for kern in (kernels.FusedKernel, kernels.NumpyKernel):
+        k, v = kernels.make_resident(kern, lambda n, i, j: rows[:, i:j], 40, 1, 2, 8,
+                                     np.float16, capacity=50)
+        k2, v2 = kernels.grow(kern, k, v, 80)
+        for a in (k, v, k2, v2):
+            assert a.ctypes.data % kernels.ALIGN == 0 and a.flags.c_contiguous
+        assert (v2[:, :, :40] == 1).all() and v2.shape == (1, 2, 80, 8)
+    z = kernels.aligned((3, 5), np.float32, zero=True)
+    assert z.shape == (3, 5) and not z.any() and z.ctypes.data % kernels.ALIGN == 0
+
+
 def test_the_read_limit_is_the_fastest_way_and_keeps_the_old_one_beside_it():
     from gqa_mpi.tools import reads
     x = np.ones((3, 1000), np.float16)      # 6000 bytes: a float32 view of 1500

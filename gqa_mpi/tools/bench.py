@@ -19,6 +19,8 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   of a read probe on as many processes, the fastest way it has), for ``chain`` and ``allgather``, float32
   and float16 K/V, with what explains the gap (the slowest sweep, the skew between
   sweeps, what the reduction adds);
+- ``overlap``: whether this core hides a stream's reads under its flops at all, on a loop
+  far simpler than the sweep (:mod:`gqa_mpi.tools.overlap`): what the sweep can hope for;
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
   sweep of the same float16 tiles, per launch;
 - ``predict FILE --profile P``: the step ``--predict P`` predicts against the step
@@ -50,7 +52,7 @@ import numpy as np  # noqa: E402
 
 from ..core import kernels  # noqa: E402
 from ..core.attention import fold_queries, local_attention  # noqa: E402
-from . import reads  # noqa: E402
+from . import overlap, reads  # noqa: E402
 from .launcher import gqa_command, mpirun_command, plain, run_bounded  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
@@ -422,6 +424,8 @@ def print_tables(result: Dict) -> None:
                   f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
                   f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
                   + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
+    if result.get("overlap"):
+        overlap.print_overlap(result["overlap"], result["isa"])
     if result.get("reduction"):
         print("\nreduction from real mpirun launches, median step: 'reduce' is the step "
               "time beyond the slowest\nlocal sweep (what the reduction adds); 'local' "
@@ -491,6 +495,8 @@ SUBCOMMANDS = {
              "again with K and V in cache (its loops alone), and torch",
     "reduce": "real launches: what each schedule and wire adds to a step",
     "step": "real launches: the whole step against the host's read limit at N ranks",
+    "overlap": "whether this core overlaps a stream's reads with its FMAs at all: the read, "
+               "the loops in cache and the two together, per G and K/V dtype",
     "source": "real launches: a kernel's own file through gqa_mpi's tl against the "
               "NumPy sweep of the same float16 tiles",
     "predict": "real launches: a kernel's predicted step (--predict PROFILE) against its "
@@ -530,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="; ".join(f"{k}: {v}" for k, v in SUBCOMMANDS.items()))
     parsers = {name: sub.add_parser(name, help=text, description=text,
                                     parents=[common(True)] + (
-                                        [shape] if name in ("local", "step") else []))
+                                        [shape] if name in ("local", "step", "overlap") else []))
                for name, text in SUBCOMMANDS.items()}
     a = parsers["local"]
     a.add_argument("--tokens", default="8K,64K,256K",
@@ -539,6 +545,12 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv (default %(default)s)")
     a.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
+    a = parsers["overlap"]
+    a.add_argument("--tokens", default="64K",
+                   help="tokens of K and V streamed, as bench local's S_local (default "
+                        "%(default)s)")
+    a.add_argument("--groups", default="1,4,8",
+                   help="G, FMAs per element: 1, 2, 4, 8 or 16 (default %(default)s)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
                                                       "%(default)s)")
@@ -575,6 +587,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
+             overlap=dict(tokens="1K", groups="1,8"),
              reduce=dict(ranks="2", tokens_per_rank="256", steps=1),
              step=dict(ranks="2", tokens_per_rank="1K", groups="4", steps=1),
              source=dict(ranks="1", tokens_per_rank="1K"),
@@ -619,6 +632,12 @@ def _measure(what: str, a, result: Dict, cores) -> None:
                                       int(a.torch_gqa_limit_gib * 2 ** 30))
         if cores is not None:   # PyTorch's import may pin this process to one core; the
             os.sched_setaffinity(0, cores)      # launches that follow inherit it
+    elif what == "overlap":
+        if kernels.FUSED_ERROR is not None:
+            raise ValueError(f"the probe is C: {kernels.FUSED_ERROR}")
+        result.update(h_kv=a.heads_kv, d=a.head_dim)
+        result["overlap"] = overlap.overlap_table(_sizes(a.tokens)[0], _sizes(a.groups),
+                                                  a.heads_kv, a.head_dim, a.repeats, best_of)
     elif what == "reduce":
         result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
                                               a.steps, a.timeout, every_wire=not a.quick)
