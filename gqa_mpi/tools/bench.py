@@ -636,8 +636,9 @@ def _measure(what: str, a, result: Dict, cores) -> None:
         if kernels.FUSED_ERROR is not None:
             raise ValueError(f"the probe is C: {kernels.FUSED_ERROR}")
         result.update(h_kv=a.heads_kv, d=a.head_dim)
-        result["overlap"] = overlap.overlap_table(_sizes(a.tokens)[0], _sizes(a.groups),
-                                                  a.heads_kv, a.head_dim, a.repeats, best_of)
+        result["overlap"] = overlap.overlap_table(
+            _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats, best_of,
+            lambda arrays: read_time(arrays, a.repeats)["read_s"], peak_sgemm_rate(a.repeats))
     elif what == "reduce":
         result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
                                               a.steps, a.timeout, every_wire=not a.quick)
