@@ -66,6 +66,12 @@
 #define PREFETCH(p) __builtin_prefetch((p), 0, HINT)
 #endif
 
+/* Whether the sweep asks for a line a second time where it waits on memory (_sweep.h):
+ * on every core but AMD's. On the Xeon the second request took 5-6% off float16 G = 1 and
+ * float32 G = 4 and cost nothing elsewhere; on the EPYC (Zen 4) it cost 10-25% at G = 1
+ * and 4 (interleaved in one process, 2026-12-04). Set by pick(). */
+static int ask_twice = 1;
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GQA_X86 1
 #include <immintrin.h>
@@ -339,6 +345,7 @@ static int pick(const char *want) {
     chosen_name = "generic";
 #ifdef GQA_X86
     __builtin_cpu_init();
+    ask_twice = !__builtin_cpu_is("amd");
     if (rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
         chosen = sweep_head_avx512;
         chosen_name = "avx512";
@@ -369,6 +376,8 @@ static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
 
 static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
 
+static PyObject *asks_twice(PyObject *self, PyObject *unused) { return PyBool_FromLong(ask_twice); }
+
 static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0): see the module source"},
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
@@ -392,6 +401,9 @@ static PyMethodDef methods[] = {
     {"scratch_bytes", scratch_bytes, METH_VARARGS,
      "scratch_bytes(R, d): the bytes of scratch one sweep call allocates for R rows of d"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on"},
+    {"asks_twice", asks_twice, METH_NOARGS,
+     "asks_twice(): whether the sweep asks for a line a second time where it waits on memory "
+     "(on every core but AMD's)"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -39,7 +39,7 @@
  * load slot per line: 5% at 8 rows on AVX2 (4 flops per byte of float32 K and V),
  * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
  * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
- * below AGAIN_FPB it asks twice.
+ * below AGAIN_FPB it asks twice, where ask_twice is set (_fused.c: on Intel cores).
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -79,14 +79,15 @@ static inline __attribute__((always_inline)) VF NAME(sel)(VI mask, VF a, VF b) {
  * `step` more now, asks for the lines at [*pos, *pos + step) of `at` (the region,
  * so many bytes on). The lines are asked for in the region's order, whatever order
  * the loop reads them in: the memory and its prefetchers see one sequential stream.
- * With again > 0 each line is asked for a second time `again` bytes nearer: a core
- * drops prefetches it has no room for, and a line dropped far ahead is asked for once
- * more before it is read (see the file's comment). */
+ * With TW (a constant in each call: a test per line costs the small loops of G = 1 a
+ * fifth of their time) each line is asked for a second time `again` bytes nearer: a
+ * core drops prefetches it has no room for, and a line dropped far ahead is asked for
+ * once more before it is read (see the file's comment). */
 static inline __attribute__((always_inline)) void NAME(ask)(const char *at, size_t *pos,
-                                                             const size_t step,
+                                                             const size_t step, const int TW,
                                                              const size_t again) {
     if (!at) return;
-#define ASK_LINE(p) do { PREFETCH(p); if (again) PREFETCH((p) - again); } while (0)
+#define ASK_LINE(p) do { PREFETCH(p); if (TW) PREFETCH((p) - again); } while (0)
     if (step % 64 == 0)
         for (size_t n = 0; n < step / 64; n++) ASK_LINE(at + *pos + 64 * n);
     else if (64 % step == 0) {
@@ -127,7 +128,7 @@ static inline __attribute__((always_inline)) VF NAME(vexp)(VF x) {
  * in passes of RS over each chunk: the first pass reads the chunk of K from memory
  * (and asks for the lines ahead), the others from L1. */
 static inline __attribute__((always_inline)) void NAME(scores)(
-        const int RB, const int RS, const int UB, const int half, const float *qt,
+        const int RB, const int RS, const int UB, const int half, const int TW, const float *qt,
         const void *k, const Py_ssize_t d, const size_t *kofs, float *sc, const char *ask,
         size_t *asked, const size_t again) {
     const VF zero = {0};
@@ -138,7 +139,7 @@ static inline __attribute__((always_inline)) void NAME(scores)(
             for (int r = 0; r < RS; r++)
                 for (int u = 0; u < UB; u++) acc[r][u] = zero;
             for (Py_ssize_t i = i0; i < i1; i++) {
-                NAME(ask)(r0 ? NULL : ask, asked, (size_t)UB * VL * (half ? 2 : 4), again);
+                NAME(ask)(r0 ? NULL : ask, asked, (size_t)UB * VL * (half ? 2 : 4), TW, again);
                 VF kv[ACC];
                 for (int u = 0; u < UB; u++) kv[u] = LOADV(half, k, kofs[u] + (size_t)i * 16);
                 for (int r = 0; r < RS; r++) {
@@ -162,10 +163,10 @@ static inline __attribute__((always_inline)) void NAME(scores)(
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
  * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. With ahead > 0
  * (the first row group), as many lines of K and V as it reads are asked for `ahead`
- * bytes on, in order: the lines of the block two ahead; with again > 0, once more
+ * bytes on, in order: the lines of the block two ahead; with TW, once more
  * `again` bytes nearer. */
 static inline __attribute__((always_inline)) void NAME(block_rows)(
-        const int RB, const int RS, const int UB, const int W, const int half,
+        const int RB, const int RS, const int UB, const int W, const int half, const int TW,
         const float *qt, const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
         const Py_ssize_t s1, const Py_ssize_t *hi, float *mt, float *lt, float *Ot,
         float *sc, const size_t ahead, const size_t again) {
@@ -185,8 +186,8 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
             const Py_ssize_t tok = base + (Py_ssize_t)(u0 + u) * VL;
             kofs[u] = (size_t)(tok / 16) * (size_t)d * 16 + (size_t)(tok % 16);
         }
-        if (n == UB) NAME(scores)(RB, RS, UB, half, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
-        else NAME(scores)(RB, RS, 1, half, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
+        if (n == UB) NAME(scores)(RB, RS, UB, half, TW, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
+        else NAME(scores)(RB, RS, 1, half, TW, qt, k, d, kofs, sc + u0 * VL, askk, &askedk, again);
     }
     /* softmax: mask to [s0, hi[r]) (unless the block lies inside it), the block's max,
      * the weights and their sum. A NaN score makes the row's sum NaN, and its max too. */
@@ -244,7 +245,7 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
                 for (int r = 0; r < RS; r++)
                     for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(Or + r * d + w * VL);
                 for (Py_ssize_t j = j0; j < j1; j++) {
-                    NAME(ask)(r0 ? NULL : askv, &askedv, (size_t)W * VL * es, again);
+                    NAME(ask)(r0 ? NULL : askv, &askedv, (size_t)W * VL * es, TW, again);
                     VF vv[8];
                     for (int w = 0; w < W; w++)
                         vv[w] = LOADV(half, v, (size_t)j * (size_t)d + (size_t)c + (size_t)w * VL);
@@ -285,6 +286,7 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
     /* bytes, K and V alike (none where wrap keeps them in cache); again: one block nearer */
     const size_t ahead = wrap ? 0 : (size_t)AHEAD * SUB * (size_t)d * es;
     const size_t again = (size_t)SUB * (size_t)d * es;
+    const int twice = ask_twice && !wrap;
     for (Py_ssize_t t0 = lo; t0 < hi; t0 += tile) {
         const Py_ssize_t t1 = t0 + tile < hi ? t0 + tile : hi;
         for (Py_ssize_t r = 0; r < R; r++) {
@@ -310,9 +312,13 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? 1 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
-#define BLOCK_ROWS(RB, HALF) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, qr, kb, vb, d, \
-                                              s0, s1, cut, mr, lr, Or, sc, r0 ? 0 : ahead, \
-                                              FPB(RB, HALF) < AGAIN_FPB ? again : 0)
+#define BLOCK_ROWS_TW(RB, HALF, TW) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, TW, qr, \
+                                                     kb, vb, d, s0, s1, cut, mr, lr, Or, sc, \
+                                                     r0 ? 0 : ahead, again)
+#define BLOCK_ROWS(RB, HALF) do {                                       \
+                    if (twice && FPB(RB, HALF) < AGAIN_FPB) BLOCK_ROWS_TW(RB, HALF, 1); \
+                    else BLOCK_ROWS_TW(RB, HALF, 0);                    \
+                } while (0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \
                 case 4: BLOCK_ROWS(4, HALF); break;  \
@@ -322,6 +328,7 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
                 if (half) { BY_ROWS(1) } else { BY_ROWS(0) }
 #undef BY_ROWS
 #undef BLOCK_ROWS
+#undef BLOCK_ROWS_TW
 #undef WS
 #undef UBS
 #undef RSS

@@ -394,9 +394,11 @@ def _launch_rows(title: str, rows: List[Dict], columns) -> None:
 def print_tables(result: Dict) -> None:
     local = result.get("local")
     if local:
+        asks = {True: ", asks for a line twice where memory binds", False: ", asks for a line "
+                "once (an AMD core)"}.get(result.get("asks_twice"), "")
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
-              f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} "
-              f"GFLOP/s")
+              f"fused kernel: {result['isa']}{asks}; peak sgemm "
+              f"{local[0]['sgemm_gflops']:.0f} GFLOP/s")
         print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
               "dtype; the read is the\n  fastest way this machine has (read way: numpy.sum, "
               "numpy.dot, sgemv, torch.sum, C); 'numpy read'\n  is the fastest of numpy.sum and "
@@ -604,7 +606,8 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa())
+    result = dict(blas_threads=1, isa=kernels.isa(),
+                  asks_twice=None if kernels._fused is None else kernels._fused.asks_twice())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(
