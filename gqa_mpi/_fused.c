@@ -68,7 +68,7 @@
 
 /* Whether the sweep asks for a line a second time where it waits on memory (_sweep.h):
  * on every core but AMD's. On the Xeon the second request took 5-6% off float16 G = 1 and
- * float32 G = 4 and cost nothing elsewhere; on the EPYC (Zen 4) it cost 10-25% at G = 1
+ * float32 G = 4 and cost nothing elsewhere; on the EPYC (Zen 4) it cost 2-25% at G = 1
  * and 4 (interleaved in one process, 2026-12-04). Set by pick(). */
 static int ask_twice = 1;
 
@@ -244,6 +244,12 @@ READ_FN(read_avx2, 32, __attribute__((target("avx2"))))
 #endif
 READ_FN(read_generic, 16, )
 
+/* The read and the overlap probe on the sweep's instruction set: set by pick() with it. */
+typedef uint64_t (*read_fn)(const char *, size_t, size_t, size_t);
+typedef double (*stream_fn)(const char *, int, size_t, size_t, size_t, int, float, float);
+static read_fn chosen_read = read_generic;
+static stream_fn chosen_stream = stream_generic;
+
 /* read(buffers, ahead=0, chunk=0, again=0): see the method table. */
 static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
     static char *names[] = {"buffers", "ahead", "chunk", "again", NULL};
@@ -274,11 +280,7 @@ static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
             goto done;
         longest = b[got].len > longest ? b[got].len : longest;
     }
-    uint64_t (*fn)(const char *, size_t, size_t, size_t) = read_generic;
-#ifdef GQA_X86
-    if (chosen == sweep_head_avx512) fn = read_avx512;
-    else if (chosen == sweep_head_avx2) fn = read_avx2;
-#endif
+    const read_fn fn = chosen_read;
     uint64_t out = 0;
     Py_BEGIN_ALLOW_THREADS
     const Py_ssize_t step = chunk ? chunk : longest;   /* round robin over the buffers */
@@ -318,11 +320,7 @@ static PyObject *stream(PyObject *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, why);
         goto done;
     }
-    double (*fn)(const char *, int, size_t, size_t, size_t, int, float, float) = stream_generic;
-#ifdef GQA_X86
-    if (chosen == sweep_head_avx512) fn = stream_avx512;
-    else if (chosen == sweep_head_avx2) fn = stream_avx2;
-#endif
+    const stream_fn fn = chosen_stream;
     volatile float one = 1.0f;   /* coefficients the compiler cannot fold */
     const float c0 = one + 1.0f / 1024, c1 = one + 2.0f / 1024;
     double out;
@@ -342,16 +340,22 @@ static int pick(const char *want) {
                    : !strcmp(want, "generic") ? 1 : 0;
     if (!rank) return -1;
     chosen = sweep_head_generic;
+    chosen_read = read_generic;
+    chosen_stream = stream_generic;
     chosen_name = "generic";
 #ifdef GQA_X86
     __builtin_cpu_init();
     ask_twice = !__builtin_cpu_is("amd");
     if (rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
         chosen = sweep_head_avx512;
+        chosen_read = read_avx512;
+        chosen_stream = stream_avx512;
         chosen_name = "avx512";
     } else if (rank >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
                && __builtin_cpu_supports("f16c")) {
         chosen = sweep_head_avx2;
+        chosen_read = read_avx2;
+        chosen_stream = stream_avx2;
         chosen_name = "avx2";
     }
 #endif

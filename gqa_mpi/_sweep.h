@@ -286,7 +286,6 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
     /* bytes, K and V alike (none where wrap keeps them in cache); again: one block nearer */
     const size_t ahead = wrap ? 0 : (size_t)AHEAD * SUB * (size_t)d * es;
     const size_t again = (size_t)SUB * (size_t)d * es;
-    const int twice = ask_twice && !wrap;
     for (Py_ssize_t t0 = lo; t0 < hi; t0 += tile) {
         const Py_ssize_t t1 = t0 + tile < hi ? t0 + tile : hi;
         for (Py_ssize_t r = 0; r < R; r++) {
@@ -316,7 +315,7 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
                                                      kb, vb, d, s0, s1, cut, mr, lr, Or, sc, \
                                                      r0 ? 0 : ahead, again)
 #define BLOCK_ROWS(RB, HALF) do {                                       \
-                    if (twice && FPB(RB, HALF) < AGAIN_FPB) BLOCK_ROWS_TW(RB, HALF, 1); \
+                    if (ask_twice && FPB(RB, HALF) < AGAIN_FPB) BLOCK_ROWS_TW(RB, HALF, 1); \
                     else BLOCK_ROWS_TW(RB, HALF, 0);                    \
                 } while (0)
 #define BY_ROWS(HALF) switch (rb) {                  \

@@ -61,6 +61,12 @@ def isa() -> str:
     return _fused.isa() if _fused is not None else "none"
 
 
+def asks_twice() -> Optional[bool]:
+    """Whether the fused kernel asks for a line twice where memory binds (not on AMD
+    cores), or None where it is not built."""
+    return _fused.asks_twice() if _fused is not None else None
+
+
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
     """An empty K of ``S`` tokens in the fused layout, ``(B, h_kv, ceil(S/16), d, 16)``.
 

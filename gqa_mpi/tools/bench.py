@@ -606,8 +606,7 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa(),
-                  asks_twice=None if kernels._fused is None else kernels._fused.asks_twice())
+    result = dict(blas_threads=1, isa=kernels.isa(), asks_twice=kernels.asks_twice())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(
