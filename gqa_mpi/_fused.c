@@ -82,12 +82,14 @@ static int ask_twice = 1;
 #define SUFFIX avx512
 #define ROWS_PASS 8
 #define AGAIN_FPB 8
+#define JB_FEW JB
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
 #undef AGAIN_FPB
 #undef ROWS_PASS
+#undef JB_FEW
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -97,12 +99,14 @@ static int ask_twice = 1;
 #define SUFFIX avx2
 #define ROWS_PASS 4
 #define AGAIN_FPB 4
+#define JB_FEW 16
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
 #undef AGAIN_FPB
 #undef ROWS_PASS
+#undef JB_FEW
 #pragma GCC pop_options
 #endif
 
@@ -111,12 +115,14 @@ static int ask_twice = 1;
 #define SUFFIX generic
 #define ROWS_PASS 8
 #define AGAIN_FPB 8
+#define JB_FEW JB
 #include "_sweep.h"
 #undef VL
 #undef ACC
 #undef SUFFIX
 #undef AGAIN_FPB
 #undef ROWS_PASS
+#undef JB_FEW
 
 /* Bytes the overlap probe's buffers and wrap are a multiple of: eight vectors of float32
  * on the widest path. */
