@@ -163,6 +163,38 @@ static inline __attribute__((always_inline)) void NAME(scores)(
     }
 }
 
+/* P @ V of RB rows over V rows [j0, j1), columns [c0, c1) (c1 - c0 a multiple of W * VL):
+ * RS x W accumulators per chunk of W vectors of columns, over the rows of V, in passes
+ * of RS rows (the first from memory, asking for the lines ahead; the others from L1).
+ * sc holds the rows' weights (row r at r * SUB, token j at j - base). */
+static inline __attribute__((always_inline)) void NAME(pv)(
+        const int RB, const int RS, const int W, const int half, const int TW, const float *sc,
+        const Py_ssize_t base, const void *v, const Py_ssize_t d, const Py_ssize_t j0,
+        const Py_ssize_t j1, const Py_ssize_t c0, const Py_ssize_t c1, float *Ot,
+        const char *askv, size_t *askedv, const size_t again) {
+    const size_t es = half ? 2 : 4;
+    for (Py_ssize_t c = c0; c < c1; c += (Py_ssize_t)W * VL)
+        for (int r0 = 0; r0 < RB; r0 += RS) {
+            float *Or = Ot + r0 * d + c;
+            const float *pr = sc + r0 * SUB - base;
+            VF acc[8][8];
+            for (int r = 0; r < RS; r++)
+                for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(Or + r * d + w * VL);
+            for (Py_ssize_t j = j0; j < j1; j++) {
+                NAME(ask)(r0 ? NULL : askv, askedv, (size_t)W * VL * es, TW, again);
+                VF vv[8];
+                for (int w = 0; w < W; w++)
+                    vv[w] = LOADV(half, v, (size_t)j * (size_t)d + (size_t)c + (size_t)w * VL);
+                for (int r = 0; r < RS; r++) {
+                    const float p = pr[r * SUB + j];
+                    for (int w = 0; w < W; w++) acc[r][w] += p * vv[w];
+                }
+            }
+            for (int r = 0; r < RS; r++)
+                for (int w = 0; w < W; w++) memcpy(Or + r * d + w * VL, &acc[r][w], sizeof(VF));
+        }
+}
+
 /* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows in
  * passes of RS (UB vectors of tokens at a time in the scores, W of O's in P @ V):
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
@@ -237,33 +269,18 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
         lt[r] += tsum;
         if (lt[r] != lt[r]) mt[r] = NAN;
     }
-    /* P @ V over the block's tokens, jb rows of V at a time, each chunk of W vectors of
-     * columns in passes of RS rows (the first from memory, the others from L1) */
-    const Py_ssize_t cw = (Py_ssize_t)W * VL, chunks = d / cw;
+    /* P @ V over the block's tokens, jb rows of V at a time: the columns in chunks of W
+     * vectors, then one vector at a time where fewer than W are left (d = 64 or 80 with
+     * W = 8 on AVX-512), then one column at a time (d not a multiple of VL) */
+    const Py_ssize_t wide = d / (W * VL) * (W * VL), vecs = d / VL * VL;
     const Py_ssize_t jb = !half && RB == 4 ? JB_FEW : JB;
     for (Py_ssize_t j0 = s0; j0 < s1; j0 += jb) {
         const Py_ssize_t j1 = j0 + jb < s1 ? j0 + jb : s1;
-        for (Py_ssize_t c = 0; c < chunks * cw; c += cw)
-            for (int r0 = 0; r0 < RB; r0 += RS) {
-                float *Or = Ot + r0 * d + c;
-                const float *pr = sc + r0 * SUB - base;
-                VF acc[8][8];
-                for (int r = 0; r < RS; r++)
-                    for (int w = 0; w < W; w++) acc[r][w] = NAME(ld32)(Or + r * d + w * VL);
-                for (Py_ssize_t j = j0; j < j1; j++) {
-                    NAME(ask)(r0 ? NULL : askv, &askedv, (size_t)W * VL * es, TW, again);
-                    VF vv[8];
-                    for (int w = 0; w < W; w++)
-                        vv[w] = LOADV(half, v, (size_t)j * (size_t)d + (size_t)c + (size_t)w * VL);
-                    for (int r = 0; r < RS; r++) {
-                        const float p = pr[r * SUB + j];
-                        for (int w = 0; w < W; w++) acc[r][w] += p * vv[w];
-                    }
-                }
-                for (int r = 0; r < RS; r++)
-                    for (int w = 0; w < W; w++) memcpy(Or + r * d + w * VL, &acc[r][w], sizeof(VF));
-            }
-        for (Py_ssize_t c = chunks * cw; c < d; c++) {  /* d not a multiple of W * VL */
+        NAME(pv)(RB, RS, W, half, TW, sc, base, v, d, j0, j1, 0, wide, Ot, askv, &askedv, again);
+        if (W > 1)
+            NAME(pv)(RB, RS, 1, half, TW, sc, base, v, d, j0, j1, wide, vecs, Ot, askv, &askedv,
+                     again);
+        for (Py_ssize_t c = vecs; c < d; c++) {
             for (Py_ssize_t j = j0; j < j1; j++) {
                 const size_t at = (size_t)j * (size_t)d + (size_t)c;
                 const float x = half ? (float)((const _Float16 *)v)[at] : ((const float *)v)[at];

@@ -63,6 +63,8 @@ SHAPES = [  # S, h_q, h_kv, d, T_q, B, tile, causal
     (999, 64, 4, 16, 5, 1, 33, True),        # 80 rows per KV head: several row blocks
     (17, 6, 2, 4, 1, 1, 1, False),           # one-token tiles
     (2000, 3, 1, 130, 7, 1, 500, True),      # 21 rows, odd d
+    (700, 16, 4, 80, 1, 1, 256, False),      # d = 80: P @ V's wide chunks, then single vectors
+    (600, 6, 3, 104, 1, 1, 200, False),      # G = 2, d = 104: no wide chunk on AVX-512, a scalar tail
 ]
 
 
