@@ -72,11 +72,6 @@
  * and 4 (interleaved in one process, 2026-12-04). Set by pick(). */
 static int ask_twice = 1;
 
-/* Whether the sweep reads the groups that wait on memory in address order, leaving the
- * prefetching to the hardware (_sweep.h, ORDER_ROWS32 and ORDER_ROWS16): on AMD cores.
- * Set by pick(). */
-static int in_order = 0;
-
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GQA_X86 1
 #include <immintrin.h>
@@ -88,9 +83,6 @@ static int in_order = 0;
 #define ROWS_PASS 8
 #define AGAIN_FPB 8
 #define JB_FEW JB
-#define ORDER_ROWS32 4
-#define ORDER_ROWS16 1
-#define ORDER_W 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
@@ -98,9 +90,6 @@ static int in_order = 0;
 #undef AGAIN_FPB
 #undef ROWS_PASS
 #undef JB_FEW
-#undef ORDER_ROWS32
-#undef ORDER_ROWS16
-#undef ORDER_W
 #pragma GCC pop_options
 
 #pragma GCC push_options
@@ -111,9 +100,6 @@ static int in_order = 0;
 #define ROWS_PASS 4
 #define AGAIN_FPB 4
 #define JB_FEW 16
-#define ORDER_ROWS32 0
-#define ORDER_ROWS16 0
-#define ORDER_W 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
@@ -121,9 +107,6 @@ static int in_order = 0;
 #undef AGAIN_FPB
 #undef ROWS_PASS
 #undef JB_FEW
-#undef ORDER_ROWS32
-#undef ORDER_ROWS16
-#undef ORDER_W
 #pragma GCC pop_options
 #endif
 
@@ -133,9 +116,6 @@ static int in_order = 0;
 #define ROWS_PASS 8
 #define AGAIN_FPB 8
 #define JB_FEW JB
-#define ORDER_ROWS32 0
-#define ORDER_ROWS16 0
-#define ORDER_W 8
 #include "_sweep.h"
 #undef VL
 #undef ACC
@@ -143,9 +123,6 @@ static int in_order = 0;
 #undef AGAIN_FPB
 #undef ROWS_PASS
 #undef JB_FEW
-#undef ORDER_ROWS32
-#undef ORDER_ROWS16
-#undef ORDER_W
 
 /* Bytes the overlap probe's buffers and wrap are a multiple of: eight vectors of float32
  * on the widest path. */
@@ -375,7 +352,6 @@ static int pick(const char *want) {
 #ifdef GQA_X86
     __builtin_cpu_init();
     ask_twice = !__builtin_cpu_is("amd");
-    in_order = __builtin_cpu_is("amd");
     if (rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
         chosen = sweep_head_avx512;
         chosen_read = read_avx512;
@@ -412,19 +388,6 @@ static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromSt
 
 static PyObject *asks_twice(PyObject *self, PyObject *unused) { return PyBool_FromLong(ask_twice); }
 
-/* in_order(flag=None): see the method table. */
-static PyObject *order(PyObject *self, PyObject *args) {
-    PyObject *flag = Py_None;
-    if (!PyArg_ParseTuple(args, "|O", &flag)) return NULL;
-    const int was = in_order;
-    if (flag != Py_None) {
-        const int want = PyObject_IsTrue(flag);
-        if (want < 0) return NULL;
-        in_order = want;
-    }
-    return PyBool_FromLong(was);
-}
-
 static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0): see the module source"},
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
@@ -451,10 +414,6 @@ static PyMethodDef methods[] = {
     {"asks_twice", asks_twice, METH_NOARGS,
      "asks_twice(): whether the sweep asks for a line a second time where it waits on memory "
      "(on every core but AMD's)"},
-    {"in_order", order, METH_VARARGS,
-     "in_order(flag=None): whether the sweep reads the groups that wait on memory in address "
-     "order with no prefetch (on AMD cores; on AVX-512 with d = 128 only); with a flag, sets it "
-     "(for tests and benchmarks: use() sets it back from the CPU) and returns what it was"},
     {NULL, NULL, 0, NULL},
 };
 

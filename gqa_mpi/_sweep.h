@@ -5,9 +5,7 @@
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
  * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
  * with fewer flops per byte of K and V than this ask for each line twice; see below),
- * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest),
- * ORDER_ROWS32 and ORDER_ROWS16 (groups of at most so many rows read K and V in address
- * order where in_order is set; 0: never), ORDER_W (the vectors of a whole row of V then)
+ * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest)
  * and SUFFIX (appended to the function names).
  *
  * One call sweeps tokens [lo, hi) of one KV head for all R query rows, in tiles of
@@ -47,19 +45,6 @@
  * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
  * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
  * below AGAIN_FPB it asks twice, where ask_twice is set (_fused.c: on Intel cores).
- *
- * On AMD cores (in_order, _fused.c) the AVX-512 groups that wait on memory (float32 of
- * up to ORDER_ROWS32 rows, float16 of up to ORDER_ROWS16) ask for nothing: they read K
- * and V in address order and leave the prefetching to the hardware. The scores take one
- * vector of 16 tokens at a time (one K block, line by line; UB vectors at once read UB
- * blocks 16 * d elements apart), and P @ V whole rows of V (ORDER_W vectors, so only
- * where d = ORDER_W * VL) in passes of ACC / ORDER_W rows. There, a core's own prefetches
- * hold the misses it may have in flight: the same bytes read in order took 17.7 ms with
- * no prefetch and 20.9 with the sweep's (Zen 4). Interleaved on the Zen 4 (64K tokens,
- * d = 128) reading in order took 14-16% off float32 G = 1, 2 and 4 and 20% off float16
- * G = 1, and cost float16 G = 2 up to 7% (so float16 goes in order at 1 row only); at
- * d = 256 (a row in two passes) it cost 13-61%. On AVX2, where a vector is half a line
- * and a pass half a row at most, no variant of it was faster.
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -211,17 +196,15 @@ static inline __attribute__((always_inline)) void NAME(pv)(
 }
 
 /* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows in
- * passes of RS in the scores (UB vectors of tokens at a time) and of RP in P @ V (W
- * vectors of O's columns at a time):
+ * passes of RS (UB vectors of tokens at a time in the scores, W of O's in P @ V):
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
  * mt, lt, Ot the tile's partial of these rows, sc the block's scratch. With ahead > 0
  * (the first row group), as many lines of K and V as it reads are asked for `ahead`
  * bytes on, in order: the lines of the block two ahead; with TW, once more
  * `again` bytes nearer. */
 static inline __attribute__((always_inline)) void NAME(block_rows)(
-        const int RB, const int RS, const int UB, const int W, const int RP, const int half,
-        const int TW, const float *qt, const void *k, const void *v, const Py_ssize_t d,
-        const Py_ssize_t s0,
+        const int RB, const int RS, const int UB, const int W, const int half, const int TW,
+        const float *qt, const void *k, const void *v, const Py_ssize_t d, const Py_ssize_t s0,
         const Py_ssize_t s1, const Py_ssize_t *hi, float *mt, float *lt, float *Ot,
         float *sc, const size_t ahead, const size_t again) {
     const Py_ssize_t b0 = s0 / 16, base = 16 * b0;
@@ -293,9 +276,9 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
     const Py_ssize_t jb = !half && RB == 4 ? JB_FEW : JB;
     for (Py_ssize_t j0 = s0; j0 < s1; j0 += jb) {
         const Py_ssize_t j1 = j0 + jb < s1 ? j0 + jb : s1;
-        NAME(pv)(RB, RP, W, half, TW, sc, base, v, d, j0, j1, 0, wide, Ot, askv, &askedv, again);
+        NAME(pv)(RB, RS, W, half, TW, sc, base, v, d, j0, j1, 0, wide, Ot, askv, &askedv, again);
         if (W > 1)
-            NAME(pv)(RB, RP, 1, half, TW, sc, base, v, d, j0, j1, wide, vecs, Ot, askv, &askedv,
+            NAME(pv)(RB, RS, 1, half, TW, sc, base, v, d, j0, j1, wide, vecs, Ot, askv, &askedv,
                      again);
         for (Py_ssize_t c = vecs; c < d; c++) {
             for (Py_ssize_t j = j0; j < j1; j++) {
@@ -326,8 +309,6 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
     /* bytes, K and V alike (none where wrap keeps them in cache); again: one block nearer */
     const size_t ahead = wrap ? 0 : (size_t)AHEAD * SUB * (size_t)d * es;
     const size_t again = (size_t)SUB * (size_t)d * es;
-    /* whether the groups that wait on memory read K and V in address order (below) */
-    const int ordered = in_order && d == ORDER_W * VL;
     for (Py_ssize_t t0 = lo; t0 < hi; t0 += tile) {
         const Py_ssize_t t1 = t0 + tile < hi ? t0 + tile : hi;
         for (Py_ssize_t r = 0; r < R; r++) {
@@ -353,16 +334,11 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? 1 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
-#define ORP(RB) (RB < ACC / ORDER_W ? RB : ACC / ORDER_W)
-#define BLOCK_ROWS_TW(RB, HALF, TW) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), RSS(RB), HALF, \
-                                                     TW, qr, kb, vb, d, s0, s1, cut, mr, lr, Or, \
-                                                     sc, r0 ? 0 : ahead, again)
-#define BLOCK_ROWS_IN_ORDER(RB, HALF) NAME(block_rows)(RB, RSS(RB), 1, ORDER_W, ORP(RB), HALF, 0, \
-                                                       qr, kb, vb, d, s0, s1, cut, mr, lr, Or, \
-                                                       sc, 0, again)
+#define BLOCK_ROWS_TW(RB, HALF, TW) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, TW, qr, \
+                                                     kb, vb, d, s0, s1, cut, mr, lr, Or, sc, \
+                                                     r0 ? 0 : ahead, again)
 #define BLOCK_ROWS(RB, HALF) do {                                       \
-                    if (ordered && RB <= ((HALF) ? ORDER_ROWS16 : ORDER_ROWS32)) BLOCK_ROWS_IN_ORDER(RB, HALF); \
-                    else if (ask_twice && FPB(RB, HALF) < AGAIN_FPB) BLOCK_ROWS_TW(RB, HALF, 1); \
+                    if (ask_twice && FPB(RB, HALF) < AGAIN_FPB) BLOCK_ROWS_TW(RB, HALF, 1); \
                     else BLOCK_ROWS_TW(RB, HALF, 0);                    \
                 } while (0)
 #define BY_ROWS(HALF) switch (rb) {                  \
@@ -375,8 +351,6 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #undef BY_ROWS
 #undef BLOCK_ROWS
 #undef BLOCK_ROWS_TW
-#undef BLOCK_ROWS_IN_ORDER
-#undef ORP
 #undef WS
 #undef UBS
 #undef RSS

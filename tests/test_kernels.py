@@ -86,39 +86,6 @@ def test_fused_matches_reference_and_numpy(isa, shape, dtype):
     assert np.abs(out - base).max() <= 3e-6 * scale
 
 
-IN_ORDER_SHAPES = [  # d = 128, where AMD's AVX-512 groups of few rows read in address order
-    (1200, 8, 8, 128, 1, 1, 1024, False),    # G = 1, a remainder tile
-    (900, 16, 8, 128, 3, 1, 512, True),      # G = 2, T_q = 3: groups of 4 and 2, causal
-    (700, 32, 8, 128, 1, 2, 300, False),     # G = 4, batch, tile not a multiple of 16
-]
-
-
-@pytest.fixture(params=[False, True], ids=["prefetch", "in-order"])
-def in_order(request):
-    was = fused.in_order(request.param)
-    yield request.param
-    fused.in_order(was)
-
-
-@pytest.mark.parametrize("shape", IN_ORDER_SHAPES, ids=lambda s: "S{}-hq{}-hkv{}-d{}-T{}-B{}-t{}-{}".format(*s))
-@pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_reading_in_address_order_or_with_prefetch_gives_the_same_attention(isa, in_order,
-                                                                               shape, dtype):
-    """Either way of reading K and V (on every core the order is forced here) gives what
-    the float64 reference and the NumPy sweep give."""
-    S, h_q, h_kv, d, T_q, B, tile, causal = shape
-    rng = np.random.default_rng(S)
-    q = rng.standard_normal((B, T_q, h_q * d)).astype(np.float32)
-    k, v = (rng.standard_normal((B, S, h_kv * d)).astype(np.float32) for _ in "kv")
-    ref = attention_reference(q, *(x.astype(dtype) for x in (k, v)), h_kv=h_kv, causal=causal)
-    kw = dict(h_kv=h_kv, d=d, tile=tile, dtype=dtype, causal=causal)
-    out, _ = run(kernels.FusedKernel, q, k, v, **kw)
-    base, _ = run(kernels.NumpyKernel, q, k, v, **kw)
-    scale = np.abs(ref).max()
-    assert np.abs(out - ref).max() <= 3e-6 * scale
-    assert np.abs(out - base).max() <= 3e-6 * scale
-
-
 def test_a_tile_far_longer_than_the_slice_allocates_nothing_for_it():
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 1, 4 * 16)).astype(np.float32)

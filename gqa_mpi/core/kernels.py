@@ -67,13 +67,6 @@ def asks_twice() -> Optional[bool]:
     return _fused.asks_twice() if _fused is not None else None
 
 
-def in_order() -> Optional[bool]:
-    """Whether the fused kernel's AVX-512 groups that wait on memory read K and V in
-    address order with no prefetch, at d = 128 (on AMD cores), or None where it is not
-    built."""
-    return _fused.in_order() if _fused is not None else None
-
-
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
     """An empty K of ``S`` tokens in the fused layout, ``(B, h_kv, ceil(S/16), d, 16)``.
 

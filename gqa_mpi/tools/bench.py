@@ -396,9 +396,6 @@ def print_tables(result: Dict) -> None:
     if local:
         asks = {True: ", asks for a line twice where memory binds", False: ", asks for a line "
                 "once (an AMD core)"}.get(result.get("asks_twice"), "")
-        if result.get("in_order") and result["isa"] == "avx512" and result["d"] == 128:
-            asks += ("; float32 groups of up to 4 rows and float16 single rows read K and V "
-                     "in address order, with no prefetch")
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
               f"fused kernel: {result['isa']}{asks}; peak sgemm "
               f"{local[0]['sgemm_gflops']:.0f} GFLOP/s")
@@ -609,8 +606,7 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa(), asks_twice=kernels.asks_twice(),
-                  in_order=kernels.in_order())
+    result = dict(blas_threads=1, isa=kernels.isa(), asks_twice=kernels.asks_twice())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(
