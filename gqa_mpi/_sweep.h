@@ -19,10 +19,10 @@
  *            partial is rescaled; the weights exp(s - m) overwrite the scores;
  *   P @ V    RS x W accumulators over the block's V rows, JB rows (in L1) at a time,
  *            in passes of RS rows likewise. On AVX2, 4 rows of float32 read V in
- *            columns of 64 bytes; 16 rows at a time in place of 32 took 12% less time
- *            on a Zen 5 (16.6 against 18.8 ms, 64K tokens, G = 4, interleaved) and 1-4%
- *            less on a Zen 4, and cost 2-7% at 4 rows of float16 and at 8 rows, on AVX2
- *            and AVX-512, and 6% at 1 row of float32 on the Zen 4.
+ *            columns of 64 bytes; 16 rows at a time in place of 32 took 3% less time
+ *            on a Zen 4 (64K tokens, G = 4, interleaved, best of five processes; 12%
+ *            on a Zen 5 in a scratch build), and cost 2-7% at 4 rows of float16 and at
+ *            8 rows, on AVX2 and AVX-512, and 6% at 1 row of float32 on the Zen 4.
  * The passes are for AVX2's 16 registers: 8 rows at one vector each need one broadcast
  * load per FMA, 4 rows at two vectors each 3 loads per 4 FMAs. Interleaved with one pass
  * of 8 (EPYC, 64K tokens, G = 8), two passes of 4 took 5% less time (29.3 and 30.8 ms
