@@ -302,8 +302,14 @@ def test_the_read_limit_is_the_fastest_way_and_keeps_the_old_one_beside_it():
     found = reads.ways([x, x])
     assert {"numpy.sum", "numpy.dot", "sgemv"} <= set(found)
     assert any(name.startswith("C ") for name in found)
+    assert any(" streams " in name for name in found)
     for fn in found.values():
         fn()
+    for arrays in ([x, x], [x], [np.ones(5, np.float32)] * 3):   # every byte once, in order
+        cut = reads.pieces(arrays)
+        assert 1 <= len(cut) <= reads.STREAMS
+        assert np.array_equal(np.concatenate([c.view(np.uint8) for c in cut]),
+                              np.concatenate([a.reshape(-1).view(np.uint8) for a in arrays]))
     got = reads.fastest({"numpy.sum": 3.0, "numpy.dot": 2.0, "sgemv": 1.5,
                          "C chunk=64K ahead=4K": 1.0})
     assert got == dict(read_s=1.0, read_way="C chunk=64K ahead=4K", read_old_s=2.0)
