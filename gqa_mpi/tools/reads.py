@@ -72,10 +72,11 @@ def ways(arrays: List[np.ndarray]) -> Dict[str, Callable[[], object]]:
         for ahead in (65536, 131072):
             out[f"C chunk={chunk // 1024}K ahead={ahead // 1024}K twice"] = (
                 lambda chunk=chunk, ahead=ahead: _fused.read(arrays, ahead, chunk, ahead // 2))
-    cut = pieces(arrays) if len(arrays) <= STREAMS else []
-    for ahead in (0, 4096) if len(cut) > len(arrays) else ():
-        out[f"C {len(cut)} streams chunk=64K ahead={ahead // 1024}K"] = (
-            lambda ahead=ahead: _fused.read(cut, ahead, 65536))
+    cut = pieces(arrays)
+    if len(arrays) < len(cut) <= STREAMS:   # more streams than arrays, no more than read takes
+        for ahead in (0, 4096):
+            out[f"C {len(cut)} streams chunk=64K ahead={ahead // 1024}K"] = (
+                lambda ahead=ahead: _fused.read(cut, ahead, 65536))
     return out
 
 
