@@ -22,6 +22,8 @@ def test_bench_quick_runs(tmp_path):
     assert {r["kv_dtype"] for r in rec["local"]} == {"float32", "float16"}
     assert "cached ms" in proc.stdout
     assert all(r["fused_cached_s"] > 0 for r in rec["local"] if r["S_local"] >= 384)
+    assert "paired" in proc.stdout
+    assert all(r["fused_paired_over_limit"] > 0 for r in rec["local"])
     assert all("error" not in r for r in rec["reduction"])
     assert {r["reduce"] for r in rec["reduction"]} == set(SCHEDULES.names())
     proc, rec = bench(tmp_path, "step", "--quick")
