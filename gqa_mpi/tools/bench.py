@@ -8,7 +8,9 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
   both measured here, for float32 and float16 resident K/V (each with its own read
   time, the fastest of every way :mod:`gqa_mpi.tools.reads` has, printed beside the
-  old limit's NumPy read); with the scratch high-water mark of the sweep (flat in S_local);
+  old limit's NumPy read), and the fused sweep over the limit again with that read timed
+  just before each of its runs (``paired``); with the scratch high-water mark of the
+  sweep (flat in S_local);
 - a naive NumPy attention (no tiling) and, when PyTorch is installed, PyTorch SDPA in
   float32 with the query groups folded into the query axis and with ``enable_gqa``,
   each as its time over ours (above 1: we are faster);
@@ -507,8 +509,9 @@ def print_tables(result: Dict) -> None:
 
 
 SUBCOMMANDS = {
-    "local": "the local kernels over one slice against the read/flop limit, the fused sweep "
-             "again with K and V in cache (its loops alone), and torch",
+    "local": "the local kernels over one slice against the read/flop limit (the fused sweep "
+             "also paired with a read just before each run), the fused sweep again with K "
+             "and V in cache (its loops alone), and torch",
     "reduce": "real launches: what each schedule and wire adds to a step",
     "step": "real launches: the whole step against the host's read limit at N ranks",
     "overlap": "whether this core overlaps a stream's reads with its FMAs at all: the read, "
