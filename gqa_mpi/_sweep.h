@@ -195,27 +195,6 @@ static inline __attribute__((always_inline)) void NAME(pv)(
         }
 }
 
-/* P @ V one vector of columns at a time over [c0, c1), for the columns a chunk of W
- * vectors does not fill (d = 64, 80 or 96 on AVX-512): out of line, since the common
- * case (d a multiple of the chunk) never calls it. */
-static __attribute__((noinline)) void NAME(pv_one)(
-        const int RB, const int half, const int TW, const float *sc, const Py_ssize_t base,
-        const void *v, const Py_ssize_t d, const Py_ssize_t j0, const Py_ssize_t j1,
-        const Py_ssize_t c0, const Py_ssize_t c1, float *Ot, const char *askv, size_t *askedv,
-        const size_t again) {
-#define PV_ONE(R, H) NAME(pv)(R, R > ROWS_PASS ? ROWS_PASS : R, 1, H, TW, sc, base, v, d, j0, j1, \
-                              c0, c1, Ot, askv, askedv, again)
-#define PV_ONE_ROWS(H) switch (RB) {                         \
-        case 8: PV_ONE(8, H); break;                           \
-        case 4: PV_ONE(4, H); break;                           \
-        case 2: PV_ONE(2, H); break;                           \
-        default: PV_ONE(1, H); break;                          \
-    }
-    if (half) { PV_ONE_ROWS(1) } else { PV_ONE_ROWS(0) }
-#undef PV_ONE_ROWS
-#undef PV_ONE
-}
-
 /* One block, tokens [s0, s1) of the slice (s1 - 16 * (s0 / 16) <= SUB), for RB rows in
  * passes of RS (UB vectors of tokens at a time in the scores, W of O's in P @ V):
  * qt the rows transposed (d x RB, pre-scaled), hi[r] row r's end (causal mask and s1),
@@ -299,7 +278,8 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
         const Py_ssize_t j1 = j0 + jb < s1 ? j0 + jb : s1;
         NAME(pv)(RB, RS, W, half, TW, sc, base, v, d, j0, j1, 0, wide, Ot, askv, &askedv, again);
         if (W > 1 && wide < vecs)
-            NAME(pv_one)(RB, half, TW, sc, base, v, d, j0, j1, wide, vecs, Ot, askv, &askedv, again);
+            NAME(pv)(RB, RS, 1, half, TW, sc, base, v, d, j0, j1, wide, vecs, Ot, askv, &askedv,
+                     again);
         for (Py_ssize_t c = vecs; c < d; c++) {
             for (Py_ssize_t j = j0; j < j1; j++) {
                 const size_t at = (size_t)j * (size_t)d + (size_t)c;
