@@ -20,7 +20,7 @@ def available_isas():
         got = fused.use(want)
         if got not in found:
             found.append(got)
-    fused.use("avx512")  # back to the best
+    fused.use("auto")  # back to the default
     return found
 
 
@@ -31,7 +31,7 @@ ISAS = available_isas()
 def isa(request):
     assert fused.use(request.param) == request.param
     yield request.param
-    fused.use("avx512")
+    fused.use("auto")
 
 
 def run(kernel, q, k, v, *, h_kv, d, tile, dtype, scale=None, causal=False, start=0,
@@ -84,6 +84,33 @@ def test_fused_matches_reference_and_numpy(isa, shape, dtype):
     scale = np.abs(ref).max()
     assert np.abs(out - ref).max() <= 3e-6 * scale
     assert np.abs(out - base).max() <= 3e-6 * scale
+
+
+@pytest.mark.parametrize("G, dtype", [(g, t) for g in (1, 2, 3, 4, 8, 12) for t in ("float32", "float16")])
+def test_auto_runs_the_best_path_or_on_a_zen4_its_table(G, dtype):
+    """'auto' (the default) runs the best path; on a Zen 4 ('avx512+avx2') calls whose
+    groups of rows are all 1 or 2 rows of float16 or 4 of float32 run the AVX2 loops, the
+    rest AVX-512: the same results, bit for bit, as the path pinned."""
+    rng = np.random.default_rng(G)
+    q = rng.standard_normal((1, 1, 2 * G * 64)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 700, 2 * 64)).astype(np.float32) for _ in "kv")
+
+    def on(name):
+        got = fused.use(name)
+        out, _ = run(kernels.FusedKernel, q, k, v, h_kv=2, d=64, tile=256, dtype=dtype)
+        return got, out
+
+    try:
+        best = ISAS[-1]
+        name, auto = on("auto")
+        assert name in (best, "avx512+avx2")
+        if name == best:
+            return
+        assert best == "avx512"
+        avx2 = G == 4 if dtype == "float32" else G <= 2 or G == 3
+        np.testing.assert_array_equal(auto, on("avx2" if avx2 else "avx512")[1])
+    finally:
+        fused.use("auto")
 
 
 def test_a_tile_far_longer_than_the_slice_allocates_nothing_for_it():

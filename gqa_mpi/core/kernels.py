@@ -57,7 +57,9 @@ def aligned(shape, dtype, zero: bool = False) -> np.ndarray:
 
 
 def isa() -> str:
-    """The instruction set the fused kernel runs on here, or 'none'."""
+    """The instruction set the fused kernel runs on here, or 'none': 'avx512', 'avx2',
+    'generic', or on a Zen 4 'avx512+avx2' (the AVX2 loops for the groups of rows they
+    sweep faster there; ``_fused.c``). ``GQA_MPI_ISA`` pins one."""
     return _fused.isa() if _fused is not None else "none"
 
 
