@@ -15,7 +15,7 @@ import sys
 import pytest
 
 from gqa_mpi.core.wires import TAGS
-from gqa_mpi.tools.launcher import mpirun_command
+from gqa_mpi.tools.launcher import mpirun, mpirun_command
 from util import run_bounded, spec_schedule
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -25,7 +25,8 @@ LINE = re.compile(r"(send|recv) comm=(\S+) topo=(\w+) size=(\d+) dims=(\d+)x(\d+
 
 @pytest.fixture(scope="module")
 def interposer(tmp_path_factory):
-    mpicc = shutil.which("mpicc")
+    # the compiler of the MPI the tests launch with: beside the launcher, else on PATH
+    mpicc = shutil.which("mpicc", path=os.path.dirname(mpirun())) or shutil.which("mpicc")
     if mpicc is None:
         pytest.skip("no mpicc to build the PMPI interposer")
     lib = tmp_path_factory.mktemp("pmpi") / "libcomm_log.so"
