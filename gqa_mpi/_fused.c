@@ -73,24 +73,18 @@
 static int ask_twice = 1;
 
 /* On a Zen 4 (AMD family 25 with AVX-512, which it runs as two halves of 256 bits) the
- * AVX2 loops sweep groups of 1 and 2 rows of float16 and of 4 rows of float32 in less
- * time than the AVX-512 ones, and the other groups in as much or more. Interleaved in
- * one process here (64K tokens, h_kv = 8, d = 128 and 64, 2026-12-06), AVX-512 over
- * AVX2: float16 1 row 1.18-1.27, 2 rows 1.06-1.28; float32 4 rows 1.10-1.31; float32
- * 2 rows 0.96-1.18 (kept on AVX-512), 1 row 0.87-0.98, 8 rows of either and 4 of
- * float16 0.70-0.90. Where every group of a call's rows is one of those three, the
- * chosen path (not a pinned one) runs the AVX2 loops. Set by pick(). */
+ * AVX2 loops sweep 1 and 2 rows of float16 and 4 rows of float32 per KV head in less
+ * time than the AVX-512 ones. `bench paths` here (64K tokens at d = 128, 128K at d = 64,
+ * h_kv = 8, 2026-12-06), AVX-512's time over AVX2's: float16 1 row 1.03-1.29, 2 rows
+ * 0.95-1.09 (1.10-1.28 in earlier runs), 3 rows (2 + 1) 0.93-0.97; float32 4 rows
+ * 1.13-1.19, 5 rows (4 + 1) 1.04-1.10, 1 row 0.88-1.02, 2 rows 0.90-1.08; 8 rows of
+ * either and 4 of float16 0.69-0.90. The default path (not a pinned one) runs the three
+ * row counts that are one group on the AVX2 loops; a mixed count (5 = 4 + 1) stays on
+ * AVX-512, as float16's 3 = 2 + 1 shows the groups' gains need not add. Set by pick(). */
 static int avx2_on_zen4 = 0;
 
-/* Whether every group of R rows (8, 4, 2, 1) is one the AVX2 loops sweep faster on a
- * Zen 4 (above). */
-static int avx2_groups(Py_ssize_t R, int half) {
-    for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
-        rb = GROUP(R - r0);
-        if (half ? rb > 2 : rb != 4) return 0;
-    }
-    return 1;
-}
+/* Whether a call of R rows per KV head is one the AVX2 loops sweep faster on a Zen 4. */
+static int avx2_rows(Py_ssize_t R, int half) { return half ? R == 1 || R == 2 : R == 4; }
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define GQA_X86 1
@@ -216,7 +210,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         const size_t es = half ? 2 : 4;
         sweep_fn fn = chosen;
 #ifdef GQA_X86
-        if (avx2_on_zen4 && avx2_groups(R, half)) fn = sweep_head_avx2;
+        if (avx2_on_zen4 && avx2_rows(R, half)) fn = sweep_head_avx2;
 #endif
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t h = 0; h < B * H; h++)
@@ -431,6 +425,19 @@ static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
 
 static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
 
+/* runs(R, half): the loops a call of R rows per KV head runs on now. */
+static PyObject *runs(PyObject *self, PyObject *args) {
+    Py_ssize_t R;
+    int half;
+    if (!PyArg_ParseTuple(args, "np", &R, &half)) return NULL;
+#ifdef GQA_X86
+    if (chosen == sweep_head_avx512 && !(avx2_on_zen4 && R > 0 && avx2_rows(R, half)))
+        return PyUnicode_FromString("avx512");
+    if (chosen != sweep_head_generic) return PyUnicode_FromString("avx2");
+#endif
+    return PyUnicode_FromString("generic");
+}
+
 static PyObject *asks_twice(PyObject *self, PyObject *unused) { return PyBool_FromLong(ask_twice); }
 
 static PyMethodDef methods[] = {
@@ -438,8 +445,8 @@ static PyMethodDef methods[] = {
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
                          "this CPU supports; returns the one chosen. 'auto' (the default at "
                          "import) is the best, and on a Zen 4 'avx512+avx2': the AVX2 loops for "
-                         "calls whose groups of rows they sweep faster (1 or 2 rows of float16, "
-                         "4 of float32)"},
+                         "the row counts they sweep faster there (1 or 2 rows of float16 per KV "
+                         "head, 4 of float32)"},
     {"read", (PyCFunction)(void (*)(void))read_all, METH_VARARGS | METH_KEYWORDS,
      "read(buffers, ahead=0, chunk=0, again=0): stream each C-contiguous buffer once, on the "
      "sweep's instruction set: one after the other, or with chunk > 0 in turns of `chunk` bytes "
@@ -459,6 +466,9 @@ static PyMethodDef methods[] = {
     {"scratch_bytes", scratch_bytes, METH_VARARGS,
      "scratch_bytes(R, d): the bytes of scratch one sweep call allocates for R rows of d"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on (see use)"},
+    {"runs", runs, METH_VARARGS,
+     "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head runs "
+     "on now, with float16 K and V where half is true"},
     {"asks_twice", asks_twice, METH_NOARGS,
      "asks_twice(): whether the sweep asks for a line a second time where it waits on memory "
      "(on every core but AMD's)"},

@@ -3,8 +3,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from gqa_mpi.core.schedules import SCHEDULES
-from gqa_mpi.tools import overlap
+from gqa_mpi.tools import overlap, paths
 
 
 def bench(tmp_path, *args):
@@ -49,3 +51,23 @@ def test_a_bad_list_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "gqa_mpi.bench", "overlap", "--groups", "3"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "G of 1, 2, 4, 8 or 16, not 3" in proc.stderr, proc.stderr
+
+
+def test_paths_times_every_path_the_cpu_has_and_leaves_the_default_chosen(tmp_path, capsys):
+    pytest.importorskip("gqa_mpi._fused", reason="the fused kernel was not built")
+    from gqa_mpi import _fused
+    from gqa_mpi.tools import bench as tool
+    before = _fused.isa()
+    out = tmp_path / "paths.json"
+    assert tool.main(["paths", "--quick", "--generic", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["paths"]
+    have = paths.available(paths.PATHS + ("generic",))
+    assert have[0] == "auto" and "generic" in have
+    assert {(r["kv_dtype"], r["G"]) for r in rows} == {
+        (t, g) for t in ("float32", "float16") for g in (1, 4)}
+    for r in rows:
+        assert r["auto"] in ("avx512", "avx2", "generic")
+        assert r["auto_over_auto"] == 1.0
+        assert all(r[f"{p}_s"] > 0 for p in have)
+    assert "avx2/auto" in capsys.readouterr().out or have == ["auto", "generic"]
+    assert _fused.isa() == before

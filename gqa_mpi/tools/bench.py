@@ -23,6 +23,8 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   sweeps, what the reduction adds);
 - ``overlap``: whether this core hides a stream's reads under its flops at all, on a loop
   far simpler than the sweep (:mod:`gqa_mpi.tools.overlap`): what the sweep can hope for;
+- ``paths``: the fused sweep on each instruction-set path this CPU has, in turn, each
+  over the default (:mod:`gqa_mpi.tools.paths`): whether the default picks the fastest;
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
   sweep of the same float16 tiles, per launch;
 - ``predict FILE --profile P``: the step ``--predict P`` predicts against the step
@@ -54,7 +56,7 @@ import numpy as np  # noqa: E402
 
 from ..core import kernels  # noqa: E402
 from ..core.attention import fold_queries, local_attention  # noqa: E402
-from . import overlap, reads  # noqa: E402
+from . import overlap, paths, reads  # noqa: E402
 from .launcher import gqa_command, mpirun_command, plain, run_bounded  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
@@ -444,6 +446,8 @@ def print_tables(result: Dict) -> None:
                   + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
     if result.get("overlap"):
         overlap.print_overlap(result["overlap"], result["isa"])
+    if result.get("paths"):
+        paths.print_paths(result["paths"])
     if result.get("reduction"):
         print("\nreduction from real mpirun launches, median step: 'reduce' is the step "
               "time beyond the slowest\nlocal sweep (what the reduction adds); 'local' "
@@ -521,6 +525,8 @@ SUBCOMMANDS = {
     "predict": "real launches: a kernel's predicted step (--predict PROFILE) against its "
                "measured step on this machine",
     "startup": "the import time and a tiny 16-rank run against bare imports",
+    "paths": "the fused sweep on each instruction-set path this CPU has (AVX-512, AVX2, the "
+             "default), taken in turn in each round, each over the default",
 }
 DEFAULT = ("local", "reduce", "startup")
 """What ``python -m gqa_mpi.bench`` with no subcommand measures."""
@@ -555,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="; ".join(f"{k}: {v}" for k, v in SUBCOMMANDS.items()))
     parsers = {name: sub.add_parser(name, help=text, description=text,
                                     parents=[common(True)] + (
-                                        [shape] if name in ("local", "step", "overlap") else []))
+                                        [shape] if name in ("local", "step", "overlap", "paths") else []))
                for name, text in SUBCOMMANDS.items()}
     a = parsers["local"]
     a.add_argument("--tokens", default="8K,64K,256K",
@@ -570,6 +576,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "%(default)s)")
     a.add_argument("--groups", default="1,4,8",
                    help="G, FMAs per element: 1, 2, 4, 8 or 16 (default %(default)s)")
+    a = parsers["paths"]
+    a.add_argument("--tokens", default="64K",
+                   help="tokens of the slice, as bench local's S_local (default %(default)s)")
+    a.add_argument("--groups", default="1,2,4,8", help="G values (default %(default)s)")
+    a.add_argument("--generic", action="store_true",
+                   help="time the portable C path too (slow: it is the fallback)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
                                                       "%(default)s)")
@@ -607,6 +619,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
              overlap=dict(tokens="1K", groups="1,8"),
+             paths=dict(tokens="1K", groups="1,4"),
              reduce=dict(ranks="2", tokens_per_rank="256", steps=1),
              step=dict(ranks="2", tokens_per_rank="1K", groups="4", steps=1),
              source=dict(ranks="1", tokens_per_rank="1K"),
@@ -658,6 +671,13 @@ def _measure(what: str, a, result: Dict, cores) -> None:
         result["overlap"] = overlap.overlap_table(
             _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats, best_of,
             lambda arrays: read_time(arrays, a.repeats)["read_s"], peak_sgemm_rate(a.repeats))
+    elif what == "paths":
+        if kernels.FUSED_ERROR is not None:
+            raise ValueError(f"the paths are the fused kernel's: {kernels.FUSED_ERROR}")
+        result.update(h_kv=a.heads_kv, d=a.head_dim)
+        result["paths"] = paths.paths_table(
+            _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats,
+            paths.PATHS + (("generic",) if a.generic else ()))
     elif what == "reduce":
         result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
                                               a.steps, a.timeout, every_wire=not a.quick)

@@ -1,0 +1,88 @@
+"""Which of the fused kernel's instruction-set paths sweeps a slice fastest here? The
+bench's ``paths`` table.
+
+The same source is compiled for AVX-512, AVX2 and portable C, and the default (``auto``)
+picks per CPU (on a Zen 4, per call: ``_fused.c``). This times one sweep of the same
+resident K and V on every path the CPU has, the paths taken in turn within each round
+(the order reversed every other round, so that a slow spell hits all of them), best of
+the rounds, and gives each over ``auto``: below 1.0 a path is faster than the default.
+The portable C path is left out unless asked for: it is the correct fallback, not a
+contender.
+"""
+from __future__ import annotations
+
+import time
+from typing import Dict, List
+
+import numpy as np
+
+from ..core import kernels
+
+PATHS = ("auto", "avx512", "avx2")
+"""The paths timed, where this CPU has them (``generic`` on request)."""
+
+
+def available(names=PATHS) -> List[str]:
+    """The paths of ``names`` this CPU runs as asked (one it lacks falls to a lower one,
+    which is then left out), ``auto`` first; the default stays chosen."""
+    from .. import _fused
+    found = ["auto"]
+    try:
+        for name in names:
+            if name not in found and _fused.use(name) == name:
+                found.append(name)
+    finally:
+        _fused.use("auto")
+    return found
+
+
+def paths_table(tokens: int, groups: List[int], h_kv: int, d: int, rounds: int,
+                names=PATHS) -> List[Dict]:
+    """Per K/V dtype and G: each path's best sweep time over ``rounds`` interleaved
+    rounds, in seconds, and its ratio to ``auto``'s."""
+    from .. import _fused
+    paths = available(names)
+    rng = np.random.default_rng(0)
+    k32, v32 = (rng.standard_normal((1, tokens, h_kv * d), dtype=np.float32) for _ in "kv")
+    rows = []
+    try:
+        for dtype in ("float32", "float16"):
+            k, v = kernels.make_resident(kernels.FusedKernel,
+                                         lambda n, i, j: {"k": k32, "v": v32}[n][:, i:j],
+                                         tokens, 1, h_kv, d, dtype)
+            for G in groups:
+                q = rng.standard_normal((1, h_kv, G, d)).astype(np.float32)
+                best = {p: float("inf") for p in paths}
+                for p in paths:         # once untimed: the first call pays for its start
+                    _fused.use(p)
+                    kernels.FusedKernel.sweep(q, k, v, scale=d ** -0.5, tile=1024)
+                _fused.use("auto")
+                ran = _fused.runs(G, dtype == "float16")
+                for r in range(rounds):
+                    for p in (paths if r % 2 == 0 else paths[::-1]):
+                        _fused.use(p)
+                        t0 = time.perf_counter()
+                        kernels.FusedKernel.sweep(q, k, v, scale=d ** -0.5, tile=1024)
+                        best[p] = min(best[p], time.perf_counter() - t0)
+                rows.append(dict(kv_dtype=dtype, G=G, tokens=tokens, auto=ran,
+                                 **{f"{p}_s": best[p] for p in paths},
+                                 **{f"{p}_over_auto": best[p] / best["auto"] for p in paths}))
+    finally:
+        _fused.use("auto")
+    return rows
+
+
+def print_paths(rows: List[Dict]) -> None:
+    """The table, with how to read it."""
+    paths = [k[:-2] for k in rows[0] if k.endswith("_s")]
+    print(f"the fused sweep on each instruction-set path, 1 thread, {rows[0]['tokens']} tokens: "
+          f"each path's best ms over\n  rounds that take the paths in turn; X/auto: the path "
+          f"over the default (auto; 'auto ran':\n  the loops it ran); below 1.00 the "
+          f"path is faster than the default")
+    print(f"{'K/V':>7} {'G':>3} {'auto ran':>11} "
+          + " ".join(f"{p + ' ms':>10}" for p in paths) + " "
+          + " ".join(f"{p + '/auto':>11}" for p in paths if p != "auto"))
+    for r in rows:
+        print(f"{r['kv_dtype']:>7} {r['G']:>3} {r['auto']:>11} "
+              + " ".join(f"{r[p + '_s'] * 1e3:>10.2f}" for p in paths) + " "
+              + " ".join(f"{r[p + '_over_auto']:>11.3f}" for p in paths if p != "auto"))
