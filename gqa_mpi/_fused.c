@@ -1,7 +1,7 @@
 /* gqa_mpi._fused: the fused local attention kernel (one pass over K and V), and the
  * streaming read the bench holds it to.
  *
- * sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0)
+ * sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0, heads=0)
  *   q    (B, H, R, d) float32, scores' scale already applied
  *   k    (B, H, nb, d, 16) float32 or float16: K in blocks of 16 tokens, transposed
  *   v    (B, H, S, d) same dtype as k, S <= 16 * nb
@@ -13,6 +13,8 @@
  *            every block reads the K and V of the first `wrap` tokens of its head again
  *            and again, with no prefetch: what the loops cost with K and V in cache,
  *            the memory left out. The scores, the mask and the tiles are the sweep's.
+ *   heads    KV heads swept at once, block by block in turn (the same results, bit for
+ *            bit): 0 for the plan's (plan(): more than one only where it measured faster)
  *
  * read(buffers, ahead=0, chunk=0, again=0): every byte of the buffers once (see its docstring).
  *
@@ -55,9 +57,9 @@
 /* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
 #define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
 
-/* The scratch of one sweep_head call, in floats: a block's scores (8 rows), the rows
- * transposed, and the tile's partial (m, l, O) of every row. */
-#define SCRATCH_FLOATS(R, d) (8 * SUB + (R) * (d) * 2 + 2 * (R))
+/* The scratch of one sweep_head call of nh heads, in floats: a block's scores (8 rows),
+ * and per head the rows transposed and the tile's partial (m, l, O) of every row. */
+#define SCRATCH_FLOATS(R, d, nh) (8 * SUB + (nh) * ((R) * (d) * 2 + 2 * (R)))
 
 /* Ask for the cache line at p (a hint: an address past the array is no fault). */
 #ifdef NOPF
@@ -80,8 +82,9 @@ static int ask_twice = 1;
  * 1.13-1.19, 5 rows (4 + 1) 1.04-1.10, 1 row 0.88-1.02, 2 rows 0.90-1.08; 8 rows of
  * either and 4 of float16 0.69-0.90. The default path (not a pinned one) runs the three
  * row counts that are one group on the AVX2 loops; a mixed count (5 = 4 + 1) stays on
- * AVX-512, as float16's 3 = 2 + 1 shows the groups' gains need not add. Set by pick(). */
-static int avx2_on_zen4 = 0;
+ * AVX-512, as float16's 3 = 2 + 1 shows the groups' gains need not add. It also sweeps
+ * several heads at once where that helps (plan). Set by pick(). */
+static int zen4_table = 0;
 
 /* Whether a call of R rows per KV head is one the AVX2 loops sweep faster on a Zen 4. */
 static int avx2_rows(Py_ssize_t R, int half) { return half ? R == 1 || R == 2 : R == 4; }
@@ -145,10 +148,36 @@ static int avx2_rows(Py_ssize_t R, int half) { return half ? R == 1 || R == 2 : 
 
 typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
-                         float *, float *, float *, float *, Py_ssize_t);
+                         float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
 
 static sweep_fn chosen = sweep_head_generic;
 static const char *chosen_name = "generic";
+
+/* How a call of R rows per KV head runs now: the loops (see zen4_table) and the heads
+ * swept at once. On a Zen 4, AVX-512's float32 sweeps of 1 and 2 rows, which wait on
+ * memory, took 0.88-0.94 of the time with 4 heads at once (8 streams; 8 heads: 0.88-0.93,
+ * 2 heads: 0.97-1.01), interleaved here (64K tokens, d = 128, 2026-12-06); on AVX2, and
+ * at float16 or 4 rows and more, 4 heads at once cost 2-15%. */
+typedef struct {
+    sweep_fn fn;
+    int heads;
+    const char *loops;
+} plan_t;
+
+static plan_t plan(Py_ssize_t R, int half) {
+    plan_t p = {chosen, 1, "generic"};
+#ifdef GQA_X86
+    p.loops = chosen == sweep_head_avx512 ? "avx512"
+            : chosen == sweep_head_avx2 ? "avx2" : "generic";
+    if (zen4_table && avx2_rows(R, half)) {
+        p.fn = sweep_head_avx2;
+        p.loops = "avx2";
+    } else if (zen4_table && !half && R <= 2) {
+        p.heads = 4;
+    }
+#endif
+    return p;
+}
 
 static int is_f32(const Py_buffer *b) { return b->itemsize == 4 && b->format && !strcmp(b->format, "f"); }
 static int is_f16(const Py_buffer *b) { return b->itemsize == 2 && b->format && !strcmp(b->format, "e"); }
@@ -158,9 +187,9 @@ static int is_i64(const Py_buffer *b) {
 
 static PyObject *sweep(PyObject *self, PyObject *args) {
     PyObject *objs[7];
-    Py_ssize_t lo, hi, tile, wrap = 0;
-    if (!PyArg_ParseTuple(args, "OOOOOOnnnO|n", &objs[0], &objs[1], &objs[2], &objs[3],
-                          &objs[4], &objs[5], &lo, &hi, &tile, &objs[6], &wrap))
+    Py_ssize_t lo, hi, tile, wrap = 0, heads_asked = 0;
+    if (!PyArg_ParseTuple(args, "OOOOOOnnnO|nn", &objs[0], &objs[1], &objs[2], &objs[3],
+                          &objs[4], &objs[5], &lo, &hi, &tile, &objs[6], &wrap, &heads_asked))
         return NULL;
     Py_buffer b[7];
     int got = 0;
@@ -195,6 +224,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     REQUIRE(wrap == 0 || (wrap > 0 && wrap % SUB == 0 && lo == 0 && wrap + SUB <= S),
             "sweep: wrap must be 0, or a multiple of " STR(SUB) " tokens with lo = 0 and wrap + "
             STR(SUB) " <= S");
+    REQUIRE(heads_asked >= 0 && heads_asked <= 64, "sweep: heads must be 0 (the plan's) to 64");
     const Py_ssize_t *row_hi = NULL;
     if (n_bufs == 7) {
         REQUIRE(b[6].ndim == 1 && b[6].shape[0] == R && is_i64(&b[6]), "sweep: row_hi must be (R,) int64");
@@ -202,23 +232,25 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     }
     if (tile > S) tile = S > 0 ? S : 1;
     if (hi > lo && R > 0 && d > 0) {
+        const plan_t p = plan(R, half);
+        const Py_ssize_t want = heads_asked ? heads_asked : p.heads;
+        const int heads = B * H < want ? (int)(B * H) : (int)want;
         float *scratch = NULL;
-        if (posix_memalign((void **)&scratch, 64, sizeof(float) * (size_t)SCRATCH_FLOATS(R, d))) {
+        const size_t floats = (size_t)SCRATCH_FLOATS(R, d, heads);
+        if (posix_memalign((void **)&scratch, 64, sizeof(float) * floats)) {
             PyErr_NoMemory();
             goto done;
         }
         const size_t es = half ? 2 : 4;
-        sweep_fn fn = chosen;
-#ifdef GQA_X86
-        if (avx2_on_zen4 && avx2_rows(R, half)) fn = sweep_head_avx2;
-#endif
+        const size_t kstride = (size_t)nb * d * 16 * es, vstride = (size_t)S * d * es;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t h = 0; h < B * H; h++)
-            fn((const float *)q->buf + h * R * d,
-                   (const char *)k->buf + (size_t)h * nb * d * 16 * es,
-                   (const char *)v->buf + (size_t)h * S * d * es, half, R, d, lo, hi, tile,
-                   row_hi, (float *)m->buf + h * R, (float *)l->buf + h * R,
-                   (float *)O->buf + h * R * d, scratch, wrap);
+        for (Py_ssize_t h = 0; h < B * H; h += heads) {
+            const int nh = B * H - h < heads ? (int)(B * H - h) : heads;
+            p.fn((const float *)q->buf + h * R * d, (const char *)k->buf + (size_t)h * kstride,
+                 (const char *)v->buf + (size_t)h * vstride, half, R, d, lo, hi, tile, row_hi,
+                 (float *)m->buf + h * R, (float *)l->buf + h * R, (float *)O->buf + h * R * d,
+                 scratch, wrap, nh, kstride, vstride);
+        }
         Py_END_ALLOW_THREADS
         free(scratch);
     }
@@ -373,13 +405,13 @@ static int zen4(void) {
 }
 
 /* Point `chosen` at the best path the CPU runs, no better than `want` (NULL or "auto":
- * the best, and on a Zen 4 the AVX2 loops where they are faster: avx2_on_zen4). */
+ * the best, and on a Zen 4 the AVX2 loops where they are faster: zen4_table). */
 static int pick(const char *want) {
     const int autom = !want || !strcmp(want, "auto");
     const int rank = autom ? 3 : !strcmp(want, "avx512") ? 3 : !strcmp(want, "avx2") ? 2
                    : !strcmp(want, "generic") ? 1 : 0;
     if (!rank) return -1;
-    avx2_on_zen4 = 0;
+    zen4_table = 0;
     chosen = sweep_head_generic;
     chosen_read = read_generic;
     chosen_stream = stream_generic;
@@ -393,7 +425,7 @@ static int pick(const char *want) {
         chosen_stream = stream_avx512;
         chosen_name = "avx512";
         if (autom && zen4()) {
-            avx2_on_zen4 = 1;
+            zen4_table = 1;
             chosen_name = "avx512+avx2";
         }
     } else if (rank >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
@@ -418,30 +450,31 @@ static PyObject *use(PyObject *self, PyObject *arg) {
 }
 
 static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
-    Py_ssize_t R, d;
-    if (!PyArg_ParseTuple(args, "nn", &R, &d)) return NULL;
-    return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d));
+    Py_ssize_t R, d, heads = 1 << 20;
+    int half = 0;
+    if (!PyArg_ParseTuple(args, "nn|pn", &R, &d, &half, &heads)) return NULL;
+    const Py_ssize_t nh = plan(R, half).heads < heads ? plan(R, half).heads : heads;
+    return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d, nh));
 }
 
 static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
 
-/* runs(R, half): the loops a call of R rows per KV head runs on now. */
+/* runs(R, half): how a call of R rows per KV head runs now: its loops, and with " xN"
+ * where it sweeps N heads at once. */
 static PyObject *runs(PyObject *self, PyObject *args) {
     Py_ssize_t R;
     int half;
     if (!PyArg_ParseTuple(args, "np", &R, &half)) return NULL;
-#ifdef GQA_X86
-    if (chosen == sweep_head_avx512 && !(avx2_on_zen4 && R > 0 && avx2_rows(R, half)))
-        return PyUnicode_FromString("avx512");
-    if (chosen != sweep_head_generic) return PyUnicode_FromString("avx2");
-#endif
-    return PyUnicode_FromString("generic");
+    const plan_t p = plan(R, half);
+    return p.heads > 1 ? PyUnicode_FromFormat("%s x%d", p.loops, p.heads)
+                       : PyUnicode_FromString(p.loops);
 }
 
 static PyObject *asks_twice(PyObject *self, PyObject *unused) { return PyBool_FromLong(ask_twice); }
 
 static PyMethodDef methods[] = {
-    {"sweep", sweep, METH_VARARGS, "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0): see the module source"},
+    {"sweep", sweep, METH_VARARGS,
+     "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi, wrap=0, heads=0): see the module source"},
     {"use", use, METH_O, "use(name): run the best of avx512 > avx2 > generic that is at most name and that "
                          "this CPU supports; returns the one chosen. 'auto' (the default at "
                          "import) is the best, and on a Zen 4 'avx512+avx2': the AVX2 loops for "
@@ -464,11 +497,13 @@ static PyMethodDef methods[] = {
      "accumulators: the elements' sum times the sum of the fmas coefficients, which alternate "
      "between 1 + 1/1024 and 1 + 2/1024 (1 where fmas = 0)."},
     {"scratch_bytes", scratch_bytes, METH_VARARGS,
-     "scratch_bytes(R, d): the bytes of scratch one sweep call allocates for R rows of d"},
+     "scratch_bytes(R, d, half=False, heads=all): the bytes of scratch one sweep call of R rows "
+     "of d per KV head allocates (with float16 K and V where half is true, for a call of at most "
+     "`heads` heads)"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on (see use)"},
     {"runs", runs, METH_VARARGS,
-     "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head runs "
-     "on now, with float16 K and V where half is true"},
+     "runs(R, half): how a sweep of R rows per KV head (float16 K and V where half is true) "
+     "runs now: its loops (avx512, avx2 or generic), with ' xN' where it sweeps N heads at once"},
     {"asks_twice", asks_twice, METH_NOARGS,
      "asks_twice(): whether the sweep asks for a line a second time where it waits on memory "
      "(on every core but AMD's)"},

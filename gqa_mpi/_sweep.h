@@ -290,46 +290,63 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
     }
 }
 
-/* Tokens [lo, hi) of one KV head, all R rows, in tiles of `tile` tokens. Scratch:
- * SCRATCH_FLOATS(R, d) floats, 64-byte aligned. With wrap > 0 (timing only; lo = 0 and
- * wrap a multiple of SUB) a block at s0 reads K and V at s0 - (s0 - s0 % wrap): the
+/* Tokens [lo, hi) of nh KV heads, all R rows of each, in tiles of `tile` tokens: head x
+ * has its rows at q + x R d, its K and V kstride and vstride bytes on from head 0's, and
+ * its partial at m + x R, l + x R, O + x R d. The heads go block by block in turn, each
+ * with its own tile partial: the same arithmetic per head as one at a time, bit for bit,
+ * but the memory sees 2 nh streams (see heads_at_once in _fused.c). Scratch:
+ * SCRATCH_FLOATS(R, d, nh) floats, 64-byte aligned. With wrap > 0 (timing only; lo = 0
+ * and wrap a multiple of SUB) a block at s0 reads K and V at s0 - (s0 - s0 % wrap): the
  * first wrap + SUB tokens over and over, with no prefetch, so they stay in cache. */
 static void NAME(sweep_head)(const float *q, const void *k, const void *v, int half,
                              Py_ssize_t R, Py_ssize_t d, Py_ssize_t lo, Py_ssize_t hi,
                              Py_ssize_t tile, const Py_ssize_t *row_hi, float *m, float *l,
-                             float *O, float *scratch, Py_ssize_t wrap) {
-    float *sc = scratch, *qt = sc + 8 * SUB, *mt = qt + R * d, *lt = mt + R, *Ot = lt + R;
+                             float *O, float *scratch, Py_ssize_t wrap, int nh,
+                             size_t kstride, size_t vstride) {
+    /* a block's scores (shared), then per head: the rows transposed, the tile's m, l, O */
+    float *sc = scratch;
+    const Py_ssize_t per = 2 * R * d + 2 * R;
+#define QT(x) (scratch + 8 * SUB + (x) * per)
+#define MT(x) (QT(x) + R * d)
+#define LT(x) (MT(x) + R)
+#define OT(x) (LT(x) + R)
     /* the rows in groups of 8, 4, 2, 1, each transposed (d x rb) for the scores */
-    for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
-        rb = GROUP(R - r0);
-        for (Py_ssize_t i = 0; i < d; i++)
-            for (Py_ssize_t r = 0; r < rb; r++) qt[r0 * d + i * rb + r] = q[(r0 + r) * d + i];
-    }
+    for (int x = 0; x < nh; x++)
+        for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
+            rb = GROUP(R - r0);
+            for (Py_ssize_t i = 0; i < d; i++)
+                for (Py_ssize_t r = 0; r < rb; r++)
+                    QT(x)[r0 * d + i * rb + r] = q[x * R * d + (r0 + r) * d + i];
+        }
     const size_t es = half ? 2 : 4;
     /* bytes, K and V alike (none where wrap keeps them in cache); again: one block nearer */
     const size_t ahead = wrap ? 0 : (size_t)AHEAD * SUB * (size_t)d * es;
     const size_t again = (size_t)SUB * (size_t)d * es;
     for (Py_ssize_t t0 = lo; t0 < hi; t0 += tile) {
         const Py_ssize_t t1 = t0 + tile < hi ? t0 + tile : hi;
-        for (Py_ssize_t r = 0; r < R; r++) {
-            mt[r] = -INFINITY;
-            lt[r] = 0.0f;
+        for (int x = 0; x < nh; x++) {
+            for (Py_ssize_t r = 0; r < R; r++) {
+                MT(x)[r] = -INFINITY;
+                LT(x)[r] = 0.0f;
+            }
+            memset(OT(x), 0, sizeof(float) * (size_t)R * (size_t)d);
         }
-        memset(Ot, 0, sizeof(float) * (size_t)R * (size_t)d);
         for (Py_ssize_t s0 = t0, s1; s0 < t1; s0 = s1) {
             s1 = s0 / 16 * 16 + SUB < t1 ? s0 / 16 * 16 + SUB : t1;
             const size_t back = wrap ? (size_t)(s0 - s0 % wrap) * (size_t)d * es : 0;
-            const void *kb = (const char *)k - back, *vb = (const char *)v - back;
-            for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
-                rb = GROUP(R - r0);
-                Py_ssize_t cut[8];
-                for (Py_ssize_t r = 0; r < rb; r++) {
-                    const Py_ssize_t h = row_hi ? row_hi[r0 + r] : s1;
-                    cut[r] = h < s1 ? h : s1;
-                }
-                const float *qr = qt + r0 * d;
-                float *mr = mt + r0, *lr = lt + r0, *Or = Ot + r0 * d;
-                /* RB, UB, W and the element type are compile-time constants in each call */
+            for (int x = 0; x < nh; x++) {
+                const void *kb = (const char *)k + x * kstride - back;
+                const void *vb = (const char *)v + x * vstride - back;
+                for (Py_ssize_t r0 = 0, rb; r0 < R; r0 += rb) {
+                    rb = GROUP(R - r0);
+                    Py_ssize_t cut[8];
+                    for (Py_ssize_t r = 0; r < rb; r++) {
+                        const Py_ssize_t h = row_hi ? row_hi[r0 + r] : s1;
+                        cut[r] = h < s1 ? h : s1;
+                    }
+                    const float *qr = QT(x) + r0 * d;
+                    float *mr = MT(x) + r0, *lr = LT(x) + r0, *Or = OT(x) + r0 * d;
+                    /* RB, UB, W and the element type are compile-time constants in each call */
 #define RSS(RB) (RB > ROWS_PASS ? ROWS_PASS : RB)
 #define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? 1 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
@@ -347,7 +364,7 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
                 case 2: BLOCK_ROWS(2, HALF); break;  \
                 default: BLOCK_ROWS(1, HALF); break; \
             }
-                if (half) { BY_ROWS(1) } else { BY_ROWS(0) }
+                    if (half) { BY_ROWS(1) } else { BY_ROWS(0) }
 #undef BY_ROWS
 #undef BLOCK_ROWS
 #undef BLOCK_ROWS_TW
@@ -355,19 +372,29 @@ static void NAME(sweep_head)(const float *q, const void *k, const void *v, int h
 #undef UBS
 #undef RSS
 #undef FPB
+                }
             }
         }
-        /* merge the tile's partial into the running one */
-        for (Py_ssize_t r = 0; r < R; r++) {
-            float m_new = m[r] > mt[r] ? m[r] : mt[r];
-            if (m[r] != m[r] || mt[r] != mt[r]) m_new = NAN;
-            const float shift = isinf(m_new) && m_new < 0 ? 0.0f : m_new;
-            const float a = expf(m[r] - shift), b = expf(mt[r] - shift);
-            l[r] = l[r] * a + lt[r] * b;
-            for (Py_ssize_t c = 0; c < d; c++) O[r * d + c] = O[r * d + c] * a + Ot[r * d + c] * b;
-            m[r] = m_new;
+        /* merge each head's tile partial into its running one */
+        for (int x = 0; x < nh; x++) {
+            float *mx = m + x * R, *lx = l + x * R, *Ox = O + x * R * d;
+            const float *mt = MT(x), *lt = LT(x), *Ot = OT(x);
+            for (Py_ssize_t r = 0; r < R; r++) {
+                float m_new = mx[r] > mt[r] ? mx[r] : mt[r];
+                if (mx[r] != mx[r] || mt[r] != mt[r]) m_new = NAN;
+                const float shift = isinf(m_new) && m_new < 0 ? 0.0f : m_new;
+                const float a = expf(mx[r] - shift), b = expf(mt[r] - shift);
+                lx[r] = lx[r] * a + lt[r] * b;
+                for (Py_ssize_t c = 0; c < d; c++)
+                    Ox[r * d + c] = Ox[r * d + c] * a + Ot[r * d + c] * b;
+                mx[r] = m_new;
+            }
         }
     }
+#undef QT
+#undef MT
+#undef LT
+#undef OT
 }
 
 #include "_stream.h"   /* the overlap probe, on the same vectors and loads */
