@@ -453,7 +453,7 @@ static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
     Py_ssize_t R, d, heads = 1 << 20;
     int half = 0;
     if (!PyArg_ParseTuple(args, "nn|pn", &R, &d, &half, &heads)) return NULL;
-    const Py_ssize_t nh = plan(R, half).heads < heads ? plan(R, half).heads : heads;
+    const Py_ssize_t planned = plan(R, half).heads, nh = planned < heads ? planned : heads;
     return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d, nh));
 }
 
@@ -479,7 +479,7 @@ static PyMethodDef methods[] = {
                          "this CPU supports; returns the one chosen. 'auto' (the default at "
                          "import) is the best, and on a Zen 4 'avx512+avx2': the AVX2 loops for "
                          "the row counts they sweep faster there (1 or 2 rows of float16 per KV "
-                         "head, 4 of float32)"},
+                         "head, 4 of float32), and 1 or 2 rows of float32 four heads at once"},
     {"read", (PyCFunction)(void (*)(void))read_all, METH_VARARGS | METH_KEYWORDS,
      "read(buffers, ahead=0, chunk=0, again=0): stream each C-contiguous buffer once, on the "
      "sweep's instruction set: one after the other, or with chunk > 0 in turns of `chunk` bytes "
