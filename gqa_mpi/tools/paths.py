@@ -22,29 +22,36 @@ PATHS = ("auto", "avx512", "avx2")
 """The paths timed, where this CPU has them (``generic`` on request)."""
 
 
+def _restore():
+    """A call that puts back the path chosen now (``auto``'s Zen 4 name included)."""
+    from .. import _fused
+    now = _fused.isa()
+    return lambda: _fused.use("auto" if now == "avx512+avx2" else now)
+
+
 def available(names=PATHS) -> List[str]:
     """The paths of ``names`` this CPU runs as asked (one it lacks falls to a lower one,
-    which is then left out), ``auto`` first; the default stays chosen."""
+    which is then left out), ``auto`` first; the path chosen before stays chosen."""
     from .. import _fused
-    found = ["auto"]
+    found, restore = ["auto"], _restore()
     try:
         for name in names:
             if name not in found and _fused.use(name) == name:
                 found.append(name)
     finally:
-        _fused.use("auto")
+        restore()
     return found
 
 
 def paths_table(tokens: int, groups: List[int], h_kv: int, d: int, rounds: int,
                 names=PATHS) -> List[Dict]:
     """Per K/V dtype and G: each path's best sweep time over ``rounds`` interleaved
-    rounds, in seconds, and its ratio to ``auto``'s."""
+    rounds, in seconds, and its ratio to ``auto``'s; the path chosen before stays chosen."""
     from .. import _fused
     paths = available(names)
     rng = np.random.default_rng(0)
     k32, v32 = (rng.standard_normal((1, tokens, h_kv * d), dtype=np.float32) for _ in "kv")
-    rows = []
+    rows, restore = [], _restore()
     try:
         for dtype in ("float32", "float16"):
             k, v = kernels.make_resident(kernels.FusedKernel,
@@ -68,7 +75,7 @@ def paths_table(tokens: int, groups: List[int], h_kv: int, d: int, rounds: int,
                                  **{f"{p}_s": best[p] for p in paths},
                                  **{f"{p}_over_auto": best[p] / best["auto"] for p in paths}))
     finally:
-        _fused.use("auto")
+        restore()
     return rows
 
 
