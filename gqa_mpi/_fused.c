@@ -13,8 +13,11 @@
  *            every block reads the K and V of the first `wrap` tokens of its head again
  *            and again, with no prefetch: what the loops cost with K and V in cache,
  *            the memory left out. The scores, the mask and the tiles are the sweep's.
- *   heads    KV heads swept at once, block by block in turn (the same results, bit for
- *            bit): 0 for the plan's (plan(): more than one only where it measured faster)
+ *   heads    KV heads swept at once (0: one), block by block in turn, each with its own
+ *            tile partial: the same results, bit for bit, with 2 x heads streams of K and
+ *            V for the memory. For timing: on a Zen 4, four heads took 0.87-0.92 of one
+ *            head's time at float32 G = 1 and 2 with d = 128, and 1.01-1.16 at d = 64, 80,
+ *            96 and 256 (bench paths and scratch builds, 2026-12-06), so the sweep keeps one.
  *
  * read(buffers, ahead=0, chunk=0, again=0): every byte of the buffers once (see its docstring).
  *
@@ -82,8 +85,7 @@ static int ask_twice = 1;
  * 1.13-1.19, 5 rows (4 + 1) 1.04-1.10, 1 row 0.88-1.02, 2 rows 0.90-1.08; 8 rows of
  * either and 4 of float16 0.69-0.90. The default path (not a pinned one) runs the three
  * row counts that are one group on the AVX2 loops; a mixed count (5 = 4 + 1) stays on
- * AVX-512, as float16's 3 = 2 + 1 shows the groups' gains need not add. It also sweeps
- * several heads at once where that helps (plan). Set by pick(). */
+ * AVX-512, as float16's 3 = 2 + 1 shows the groups' gains need not add. Set by pick(). */
 static int zen4_table = 0;
 
 /* Whether a call of R rows per KV head is one the AVX2 loops sweep faster on a Zen 4. */
@@ -153,27 +155,20 @@ typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssiz
 static sweep_fn chosen = sweep_head_generic;
 static const char *chosen_name = "generic";
 
-/* How a call of R rows per KV head runs now: the loops (see zen4_table) and the heads
- * swept at once. On a Zen 4, AVX-512's float32 sweeps of 1 and 2 rows, which wait on
- * memory, took 0.88-0.94 of the time with 4 heads at once (8 streams; 8 heads: 0.88-0.93,
- * 2 heads: 0.97-1.01), interleaved here (64K tokens, d = 128, 2026-12-06); on AVX2, and
- * at float16 or 4 rows and more, 4 heads at once cost 2-15%. */
+/* The loops a call of R rows per KV head runs on now (see zen4_table), and their name. */
 typedef struct {
     sweep_fn fn;
-    int heads;
     const char *loops;
 } plan_t;
 
 static plan_t plan(Py_ssize_t R, int half) {
-    plan_t p = {chosen, 1, "generic"};
+    plan_t p = {chosen, "generic"};
 #ifdef GQA_X86
     p.loops = chosen == sweep_head_avx512 ? "avx512"
             : chosen == sweep_head_avx2 ? "avx2" : "generic";
     if (zen4_table && avx2_rows(R, half)) {
         p.fn = sweep_head_avx2;
         p.loops = "avx2";
-    } else if (zen4_table && !half && R <= 2) {
-        p.heads = 4;
     }
 #endif
     return p;
@@ -224,7 +219,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     REQUIRE(wrap == 0 || (wrap > 0 && wrap % SUB == 0 && lo == 0 && wrap + SUB <= S),
             "sweep: wrap must be 0, or a multiple of " STR(SUB) " tokens with lo = 0 and wrap + "
             STR(SUB) " <= S");
-    REQUIRE(heads_asked >= 0 && heads_asked <= 64, "sweep: heads must be 0 (the plan's) to 64");
+    REQUIRE(heads_asked >= 0 && heads_asked <= 64, "sweep: heads must be 0 (one) to 64");
     const Py_ssize_t *row_hi = NULL;
     if (n_bufs == 7) {
         REQUIRE(b[6].ndim == 1 && b[6].shape[0] == R && is_i64(&b[6]), "sweep: row_hi must be (R,) int64");
@@ -233,7 +228,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     if (tile > S) tile = S > 0 ? S : 1;
     if (hi > lo && R > 0 && d > 0) {
         const plan_t p = plan(R, half);
-        const Py_ssize_t want = heads_asked ? heads_asked : p.heads;
+        const Py_ssize_t want = heads_asked ? heads_asked : 1;
         const int heads = B * H < want ? (int)(B * H) : (int)want;
         float *scratch = NULL;
         const size_t floats = (size_t)SCRATCH_FLOATS(R, d, heads);
@@ -450,24 +445,19 @@ static PyObject *use(PyObject *self, PyObject *arg) {
 }
 
 static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
-    Py_ssize_t R, d, heads = 1 << 20;
-    int half = 0;
-    if (!PyArg_ParseTuple(args, "nn|pn", &R, &d, &half, &heads)) return NULL;
-    const Py_ssize_t planned = plan(R, half).heads, nh = planned < heads ? planned : heads;
-    return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d, nh));
+    Py_ssize_t R, d, heads = 1;
+    if (!PyArg_ParseTuple(args, "nn|n", &R, &d, &heads)) return NULL;
+    return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d, heads));
 }
 
 static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
 
-/* runs(R, half): how a call of R rows per KV head runs now: its loops, and with " xN"
- * where it sweeps N heads at once. */
+/* runs(R, half): the loops a call of R rows per KV head runs on now. */
 static PyObject *runs(PyObject *self, PyObject *args) {
     Py_ssize_t R;
     int half;
     if (!PyArg_ParseTuple(args, "np", &R, &half)) return NULL;
-    const plan_t p = plan(R, half);
-    return p.heads > 1 ? PyUnicode_FromFormat("%s x%d", p.loops, p.heads)
-                       : PyUnicode_FromString(p.loops);
+    return PyUnicode_FromString(plan(R, half).loops);
 }
 
 static PyObject *asks_twice(PyObject *self, PyObject *unused) { return PyBool_FromLong(ask_twice); }
@@ -479,7 +469,7 @@ static PyMethodDef methods[] = {
                          "this CPU supports; returns the one chosen. 'auto' (the default at "
                          "import) is the best, and on a Zen 4 'avx512+avx2': the AVX2 loops for "
                          "the row counts they sweep faster there (1 or 2 rows of float16 per KV "
-                         "head, 4 of float32), and 1 or 2 rows of float32 four heads at once"},
+                         "head, 4 of float32)"},
     {"read", (PyCFunction)(void (*)(void))read_all, METH_VARARGS | METH_KEYWORDS,
      "read(buffers, ahead=0, chunk=0, again=0): stream each C-contiguous buffer once, on the "
      "sweep's instruction set: one after the other, or with chunk > 0 in turns of `chunk` bytes "
@@ -497,13 +487,12 @@ static PyMethodDef methods[] = {
      "accumulators: the elements' sum times the sum of the fmas coefficients, which alternate "
      "between 1 + 1/1024 and 1 + 2/1024 (1 where fmas = 0)."},
     {"scratch_bytes", scratch_bytes, METH_VARARGS,
-     "scratch_bytes(R, d, half=False, heads=all): the bytes of scratch one sweep call of R rows "
-     "of d per KV head allocates (with float16 K and V where half is true, for a call of at most "
-     "`heads` heads)"},
+     "scratch_bytes(R, d, heads=1): the bytes of scratch one sweep call of R rows of d per KV "
+     "head allocates, sweeping `heads` heads at once"},
     {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on (see use)"},
     {"runs", runs, METH_VARARGS,
-     "runs(R, half): how a sweep of R rows per KV head (float16 K and V where half is true) "
-     "runs now: its loops (avx512, avx2 or generic), with ' xN' where it sweeps N heads at once"},
+     "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head "
+     "(float16 K and V where half is true) runs on now"},
     {"asks_twice", asks_twice, METH_NOARGS,
      "asks_twice(): whether the sweep asks for a line a second time where it waits on memory "
      "(on every core but AMD's)"},

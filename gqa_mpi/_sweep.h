@@ -294,7 +294,7 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
  * has its rows at q + x R d, its K and V kstride and vstride bytes on from head 0's, and
  * its partial at m + x R, l + x R, O + x R d. The heads go block by block in turn, each
  * with its own tile partial: the same arithmetic per head as one at a time, bit for bit,
- * but the memory sees 2 nh streams (see heads_at_once in _fused.c). Scratch:
+ * but the memory sees 2 nh streams (see sweep's `heads` in _fused.c). Scratch:
  * SCRATCH_FLOATS(R, d, nh) floats, 64-byte aligned. With wrap > 0 (timing only; lo = 0
  * and wrap a multiple of SUB) a block at s0 reads K and V at s0 - (s0 - s0 % wrap): the
  * first wrap + SUB tokens over and over, with no prefetch, so they stay in cache. */

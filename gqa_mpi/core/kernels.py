@@ -132,11 +132,10 @@ class FusedKernel:
     put_k = staticmethod(put_key_blocks)
 
     @staticmethod
-    def scratch_bytes(rows: int, d: int, dtype="float32", heads: int = 1 << 20) -> int:
-        """The scratch one sweep of ``heads`` KV heads allocates for ``rows`` query rows
-        of ``d`` per head over ``dtype`` K and V: a block's scores, and per head swept at
-        once the rows transposed and the tile's partial."""
-        return _fused.scratch_bytes(rows, d, np.dtype(dtype) == np.float16, heads)
+    def scratch_bytes(rows: int, d: int) -> int:
+        """The scratch one sweep allocates for ``rows`` query rows of ``d``: a block's
+        scores, the rows transposed and the tile's partial."""
+        return _fused.scratch_bytes(rows, d)
 
     @staticmethod
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,

@@ -165,7 +165,7 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                         scratch = tracemalloc.get_traced_memory()[1]
                         tracemalloc.stop()
                         if name == "fused":
-                            scratch += kernels.FusedKernel.scratch_bytes(G, d, dtype, h_kv)
+                            scratch += kernels.FusedKernel.scratch_bytes(G, d)
                         run = lambda: sweep(q, k, v, scale=scale, tile=tile)  # noqa: E731
                         if name == "fused":   # each run just after a read of the same bytes
                             pairs = [(best_of(read_again, 1), best_of(run, 1))

@@ -84,8 +84,8 @@ def print_paths(rows: List[Dict]) -> None:
     paths = [k[:-2] for k in rows[0] if k.endswith("_s")]
     print(f"the fused sweep on each instruction-set path, 1 thread, {rows[0]['tokens']} tokens: "
           f"each path's best ms over\n  rounds that take the paths in turn; X/auto: the path "
-          f"over the default (auto; 'auto ran':\n  the loops it ran, xN: N heads at once); "
-          f"below 1.00 the path is faster than the default")
+          f"over the default (auto; 'auto ran':\n  the loops it ran); below 1.00 the path is "
+          f"faster than the default")
     print(f"{'K/V':>7} {'G':>3} {'auto ran':>11} "
           + " ".join(f"{p + ' ms':>10}" for p in paths) + " "
           + " ".join(f"{p + '/auto':>11}" for p in paths if p != "auto"))
