@@ -6,6 +6,10 @@ from :class:`Exit`; a launcher passes the code of the rank that ended the job.
 from __future__ import annotations
 
 import enum
+import functools
+import os
+import signal
+import sys
 
 
 class Exit(enum.IntEnum):
@@ -39,3 +43,19 @@ def describe() -> str:
     """``0 passed, 1 ..., 128+N killed by signal N``: the help's sentence."""
     return ", ".join(f"{int(code)} {WORDS[code]}" for code in Exit) + \
         f", {SIGNAL}+N killed by signal N"
+
+
+def quiet_when_the_reader_leaves(main):
+    """``main`` that stops quietly where its output's reader went away (``| head``):
+    the rest of the output is dropped and the exit is ``SIGNAL + SIGPIPE``, as a
+    command killed by the signal would give, not a traceback."""
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs):
+        try:
+            code = main(*args, **kwargs)
+            sys.stdout.flush()
+            return code
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return SIGNAL + signal.SIGPIPE
+    return wrapped

@@ -71,3 +71,20 @@ def test_paths_times_every_path_the_cpu_has_and_leaves_the_default_chosen(tmp_pa
         assert all(r[f"{p}_s"] > 0 for p in have)
     assert "avx2/auto" in capsys.readouterr().out or have == ["auto", "generic"]
     assert _fused.isa() == before
+
+
+def test_a_reader_that_leaves_early_ends_the_output_quietly():
+    """``bench ... | head``: the tables stop where the reader went away, with the exit
+    of a command killed by SIGPIPE and no traceback."""
+    import signal
+    from gqa_mpi.exits import SIGNAL
+    script = ("from gqa_mpi.exits import quiet_when_the_reader_leaves as q\n"
+              "main = q(lambda: [print('row', i) for i in range(10 ** 6)] and 0)\n"
+              "raise SystemExit(main())\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout.readline() == b"row 0\n"
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == SIGNAL + signal.SIGPIPE
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -62,7 +62,7 @@ from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
 from ..core.schedules import SCHEDULES  # noqa: E402
 from ..core.wires import WIRES  # noqa: E402
-from ..exits import Exit  # noqa: E402
+from ..exits import Exit, quiet_when_the_reader_leaves  # noqa: E402
 
 
 def best_of(fn: Callable[[], object], repeats: int, number: int = 1) -> float:
@@ -627,6 +627,7 @@ QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
 """``--quick``: tiny sizes, one repeat."""
 
 
+@quiet_when_the_reader_leaves
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)

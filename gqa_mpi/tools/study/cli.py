@@ -11,7 +11,7 @@ from typing import Dict
 
 from ...app.options import add_arguments
 from ...core.config import Config, parse_grid, roles
-from ...exits import SIGNAL, Exit
+from ...exits import SIGNAL, Exit, quiet_when_the_reader_leaves
 from ...app.outputs import Interrupted, check_paths
 from ...core.schedules import SCHEDULES
 from ...core.wires import WIRES
@@ -166,6 +166,7 @@ def check_study_args(args) -> None:
             raise StudyError(str(e))
 
 
+@quiet_when_the_reader_leaves
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("plot", "summary"):
