@@ -528,6 +528,8 @@ SUBCOMMANDS = {
     "paths": "the fused sweep on each instruction-set path this CPU has (AVX-512, AVX2, the "
              "default), taken in turn in each round, each over the default",
 }
+SHAPED = ("local", "step", "overlap", "paths")
+"""The subcommands that take ``--heads-kv`` and ``--head-dim``."""
 DEFAULT = ("local", "reduce", "startup")
 """What ``python -m gqa_mpi.bench`` with no subcommand measures."""
 
@@ -561,7 +563,7 @@ def build_parser() -> argparse.ArgumentParser:
                            help="; ".join(f"{k}: {v}" for k, v in SUBCOMMANDS.items()))
     parsers = {name: sub.add_parser(name, help=text, description=text,
                                     parents=[common(True)] + (
-                                        [shape] if name in ("local", "step", "overlap", "paths") else []))
+                                        [shape] if name in SHAPED else []))
                for name, text in SUBCOMMANDS.items()}
     a = parsers["local"]
     a.add_argument("--tokens", default="8K,64K,256K",
@@ -582,6 +584,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--groups", default="1,2,4,8", help="G values (default %(default)s)")
     a.add_argument("--generic", action="store_true",
                    help="time the portable C path too (slow: it is the fallback)")
+    a.add_argument("--heads", type=int, default=1,
+                   help="also time the default sweeping this many KV heads at once, block "
+                        "by block in turn (the same results; more streams for the memory)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
                                                       "%(default)s)")
@@ -675,10 +680,12 @@ def _measure(what: str, a, result: Dict, cores) -> None:
     elif what == "paths":
         if kernels.FUSED_ERROR is not None:
             raise ValueError(f"the paths are the fused kernel's: {kernels.FUSED_ERROR}")
+        if not 1 <= a.heads <= 64:
+            raise ValueError(f"--heads: 1 to 64 KV heads at once, not {a.heads}")
         result.update(h_kv=a.heads_kv, d=a.head_dim)
         result["paths"] = paths.paths_table(
             _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats,
-            paths.PATHS + (("generic",) if a.generic else ()))
+            paths.PATHS + (("generic",) if a.generic else ()), a.heads)
     elif what == "reduce":
         result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
                                               a.steps, a.timeout, every_wire=not a.quick)

@@ -44,11 +44,16 @@ def available(names=PATHS) -> List[str]:
 
 
 def paths_table(tokens: int, groups: List[int], h_kv: int, d: int, rounds: int,
-                names=PATHS) -> List[Dict]:
+                names=PATHS, heads: int = 1) -> List[Dict]:
     """Per K/V dtype and G: each path's best sweep time over ``rounds`` interleaved
-    rounds, in seconds, and its ratio to ``auto``'s; the path chosen before stays chosen."""
+    rounds, in seconds, and its ratio to ``auto``'s; with ``heads`` > 1 also the default
+    path sweeping that many KV heads at once (``auto_xN``; ``_fused.sweep``'s ``heads``).
+    The path chosen before stays chosen."""
     from .. import _fused
-    paths = available(names)
+    runs = [(p, p, 0) for p in available(names)]
+    if heads > 1:
+        runs.append((f"auto_x{heads}", "auto", heads))
+    labels = [label for label, _, _ in runs]
     rng = np.random.default_rng(0)
     k32, v32 = (rng.standard_normal((1, tokens, h_kv * d), dtype=np.float32) for _ in "kv")
     rows, restore = [], _restore()
@@ -58,22 +63,27 @@ def paths_table(tokens: int, groups: List[int], h_kv: int, d: int, rounds: int,
                                          lambda n, i, j: {"k": k32, "v": v32}[n][:, i:j],
                                          tokens, 1, h_kv, d, dtype)
             for G in groups:
-                q = rng.standard_normal((1, h_kv, G, d)).astype(np.float32)
-                best = {p: float("inf") for p in paths}
-                for p in paths:         # once untimed: the first call pays for its start
-                    _fused.use(p)
-                    kernels.FusedKernel.sweep(q, k, v, scale=d ** -0.5, tile=1024)
+                q = (rng.standard_normal((1, h_kv, G, d)) * d ** -0.5).astype(np.float32)
+
+                def sweep(path, n):
+                    _fused.use(path)
+                    m = np.full((1, h_kv, G), -np.inf, np.float32)
+                    l, O = np.zeros((1, h_kv, G), np.float32), np.zeros((1, h_kv, G, d), np.float32)
+                    t0 = time.perf_counter()
+                    _fused.sweep(q, k, v, m, l, O, 0, tokens, 1024, None, 0, n)
+                    return time.perf_counter() - t0
+
+                for _, path, n in runs:     # once untimed: the first call pays for its start
+                    sweep(path, n)
                 _fused.use("auto")
                 ran = _fused.runs(G, dtype == "float16")
+                best = {label: float("inf") for label in labels}
                 for r in range(rounds):
-                    for p in (paths if r % 2 == 0 else paths[::-1]):
-                        _fused.use(p)
-                        t0 = time.perf_counter()
-                        kernels.FusedKernel.sweep(q, k, v, scale=d ** -0.5, tile=1024)
-                        best[p] = min(best[p], time.perf_counter() - t0)
+                    for label, path, n in (runs if r % 2 == 0 else runs[::-1]):
+                        best[label] = min(best[label], sweep(path, n))
                 rows.append(dict(kv_dtype=dtype, G=G, tokens=tokens, auto=ran,
-                                 **{f"{p}_s": best[p] for p in paths},
-                                 **{f"{p}_over_auto": best[p] / best["auto"] for p in paths}))
+                                 **{f"{p}_s": best[p] for p in labels},
+                                 **{f"{p}_over_auto": best[p] / best["auto"] for p in labels}))
     finally:
         restore()
     return rows
@@ -84,8 +94,8 @@ def print_paths(rows: List[Dict]) -> None:
     paths = [k[:-2] for k in rows[0] if k.endswith("_s")]
     print(f"the fused sweep on each instruction-set path, 1 thread, {rows[0]['tokens']} tokens: "
           f"each path's best ms over\n  rounds that take the paths in turn; X/auto: the path "
-          f"over the default (auto; 'auto ran':\n  the loops it ran); below 1.00 the path is "
-          f"faster than the default")
+          f"over the default (auto; 'auto ran':\n  the loops it ran; auto_xN: the default "
+          f"sweeping N KV heads at once); below 1.00 the path\n  is faster than the default")
     print(f"{'K/V':>7} {'G':>3} {'auto ran':>11} "
           + " ".join(f"{p + ' ms':>10}" for p in paths) + " "
           + " ".join(f"{p + '/auto':>11}" for p in paths if p != "auto"))
