@@ -7,7 +7,8 @@ resident K and V on every path the CPU has, the paths taken in turn within each 
 (the order reversed every other round, so that a slow spell hits all of them), best of
 the rounds, and gives each over ``auto``: below 1.0 a path is faster than the default.
 The portable C path is left out unless asked for: it is the correct fallback, not a
-contender.
+contender. With ``heads`` > 1 the default also runs sweeping that many KV heads at
+once (``auto_xN``): the same results, with more streams of K and V in flight.
 """
 from __future__ import annotations
 
