@@ -25,57 +25,18 @@
  *   float16 buffer streamed once with `fmas` FMAs per element, or with wrap > 0 its first
  *   `wrap` bytes again and again (the same work in cache).
  *
- * The arithmetic is compiled three times (_sweep.h) and picked at import from what
- * the CPU supports: AVX-512, AVX2 with FMA and F16C, or portable C. No NumPy C API:
+ * The arithmetic (_sweep.h) is compiled three times, one unit each (_sweep_avx512.c,
+ * _sweep_avx2.c, _sweep_generic.c), and picked at import from what the CPU supports:
+ * AVX-512, AVX2 with FMA and F16C, or portable C. No NumPy C API:
  * arrays arrive through the buffer protocol, so the build needs only a C compiler.
  */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <math.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-/* Tokens per block of a tile's sweep (a multiple of 16), blocks of prefetch distance,
- * and dimensions per chunk of a score's sum: see _sweep.h. */
-#ifndef SUB
-#define SUB 128
-#endif
-#ifndef AHEAD
-#define AHEAD 2
-#endif
-#ifndef DCH
-#define DCH 32
-#endif
-#ifndef HINT
-#define HINT 2
-#endif
-#ifndef JB
-#define JB 32   /* rows of V per step of P @ V: 32 rows of d = 128 floats are 16 KiB (L1) */
-#endif
-
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
-/* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
-#define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
-
-/* The scratch of one sweep_head call of nh heads, in floats: a block's scores (8 rows),
- * and per head the rows transposed and the tile's partial (m, l, O) of every row. */
-#define SCRATCH_FLOATS(R, d, nh) (8 * SUB + (nh) * ((R) * (d) * 2 + 2 * (R)))
-
-/* Ask for the cache line at p (a hint: an address past the array is no fault). */
-#ifdef NOPF
-#define PREFETCH(p) ((void)0)
-#else
-#define PREFETCH(p) __builtin_prefetch((p), 0, HINT)
-#endif
+#include "_fused.h"
 
 /* Whether the sweep asks for a line a second time where it waits on memory (_sweep.h):
  * on every core but AMD's. On the Xeon the second request took 5-6% off float16 G = 1 and
  * float32 G = 4 and cost nothing elsewhere; on the EPYC (Zen 4) it cost 2-25% at G = 1
  * and 4 (interleaved in one process, 2026-12-04). Set by pick(). */
-static int ask_twice = 1;
+int ask_twice = 1;
 
 /* On a Zen 4 (AMD family 25 with AVX-512, which it runs as two halves of 256 bits) the
  * AVX2 loops sweep 1 and 2 rows of float16 and 4 rows of float32 per KV head in less
@@ -91,66 +52,9 @@ static int zen4_table = 0;
 /* Whether a call of R rows per KV head is one the AVX2 loops sweep faster on a Zen 4. */
 static int avx2_rows(Py_ssize_t R, int half) { return half ? R == 1 || R == 2 : R == 4; }
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define GQA_X86 1
-#include <cpuid.h>
-#include <immintrin.h>
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx2,fma,f16c")
-#define VL 16
-#define ACC 16
-#define SUFFIX avx512
-#define ROWS_PASS 8
-#define AGAIN_FPB 8
-#define JB_FEW JB
-#include "_sweep.h"
-#undef VL
-#undef ACC
-#undef SUFFIX
-#undef AGAIN_FPB
-#undef ROWS_PASS
-#undef JB_FEW
-#pragma GCC pop_options
-
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,f16c")
-#define VL 8
-#define ACC 8
-#define SUFFIX avx2
-#define ROWS_PASS 4
-#define AGAIN_FPB 4
-#define JB_FEW 16
-#include "_sweep.h"
-#undef VL
-#undef ACC
-#undef SUFFIX
-#undef AGAIN_FPB
-#undef ROWS_PASS
-#undef JB_FEW
-#pragma GCC pop_options
-#endif
-
-#define VL 4
-#define ACC 8
-#define SUFFIX generic
-#define ROWS_PASS 8
-#define AGAIN_FPB 8
-#define JB_FEW JB
-#include "_sweep.h"
-#undef VL
-#undef ACC
-#undef SUFFIX
-#undef AGAIN_FPB
-#undef ROWS_PASS
-#undef JB_FEW
-
 /* Bytes the overlap probe's buffers and wrap are a multiple of: eight vectors of float32
  * on the widest path. */
 #define STREAM_GROUP 512
-
-typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
-                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
-                         float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
 
 static sweep_fn chosen = sweep_head_generic;
 static const char *chosen_name = "generic";
@@ -298,7 +202,6 @@ READ_FN(read_generic, 16, )
 
 /* The read and the overlap probe on the sweep's instruction set: set by pick() with it. */
 typedef uint64_t (*read_fn)(const char *, size_t, size_t, size_t);
-typedef double (*stream_fn)(const char *, int, size_t, size_t, size_t, int, float, float);
 static read_fn chosen_read = read_generic;
 static stream_fn chosen_stream = stream_generic;
 

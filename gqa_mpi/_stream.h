@@ -1,5 +1,5 @@
 /* The overlap probe: does this core hide a stream's reads under its flops? Included by
- * _fused.c once per instruction set, after _sweep.h (it takes that file's vector type and
+ * _sweep.h at its end, so once per instruction set (it takes that file's vector type and
  * its loads, which widen float16 as the sweep does).
  *
  * stream(p, half, n, wrap, ahead, G) reads n bytes of float32 (half = 0) or float16
@@ -38,7 +38,7 @@ static inline __attribute__((always_inline)) double NAME(stream_g)(
 }
 
 /* G FMAs per element: G is 0, 1, 2, 4, 8 or 16 (the caller checks; 0 otherwise). */
-static double NAME(stream)(const char *p, int half, size_t n, size_t wrap, size_t ahead,
+GQA_HIDDEN double NAME(stream)(const char *p, int half, size_t n, size_t wrap, size_t ahead,
                            int G, float c0, float c1) {
     switch (G) {
 #define STREAM_CASE(g) case g: return NAME(stream_g)(g, p, half, n, wrap, ahead, c0, c1);

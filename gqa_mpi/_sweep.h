@@ -1,5 +1,6 @@
 /* The fused tile sweep, written once for a vector of VL floats and included by
- * _fused.c once per instruction set (AVX-512, AVX2+FMA+F16C, and plain C).
+ * one unit per instruction set (_sweep_avx512.c, _sweep_avx2.c: AVX2+FMA+F16C, and
+ * _sweep_generic.c: plain C), after _fused.h.
  *
  * Before each inclusion: VL (lanes per vector: 16, 8 or 4; 16 and 8 use the AVX-512
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
@@ -298,7 +299,7 @@ static inline __attribute__((always_inline)) void NAME(block_rows)(
  * SCRATCH_FLOATS(R, d, nh) floats, 64-byte aligned. With wrap > 0 (timing only; lo = 0
  * and wrap a multiple of SUB) a block at s0 reads K and V at s0 - (s0 - s0 % wrap): the
  * first wrap + SUB tokens over and over, with no prefetch, so they stay in cache. */
-static void NAME(sweep_head)(const float *q, const void *k, const void *v, int half,
+GQA_HIDDEN void NAME(sweep_head)(const float *q, const void *k, const void *v, int half,
                              Py_ssize_t R, Py_ssize_t d, Py_ssize_t lo, Py_ssize_t hi,
                              Py_ssize_t tile, const Py_ssize_t *row_hi, float *m, float *l,
                              float *O, float *scratch, Py_ssize_t wrap, int nh,

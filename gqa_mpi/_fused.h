@@ -1,0 +1,82 @@
+/* What the fused kernel's translation units share (_fused.c, the module, and the sweep
+ * compiled once per instruction set: _sweep_avx512.c, _sweep_avx2.c, _sweep_generic.c;
+ * separate units so that an install compiles them on as many cores as it has).
+ * The tuning constants below may be set with -D for a scratch build. */
+#ifndef GQA_FUSED_H
+#define GQA_FUSED_H
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Tokens per block of a tile's sweep (a multiple of 16), blocks of prefetch distance,
+ * and dimensions per chunk of a score's sum: see _sweep.h. */
+#ifndef SUB
+#define SUB 128
+#endif
+#ifndef AHEAD
+#define AHEAD 2
+#endif
+#ifndef DCH
+#define DCH 32
+#endif
+#ifndef HINT
+#define HINT 2
+#endif
+#ifndef JB
+#define JB 32   /* rows of V per step of P @ V: 32 rows of d = 128 floats are 16 KiB (L1) */
+#endif
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
+/* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
+#define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
+
+/* The scratch of one sweep_head call of nh heads, in floats: a block's scores (8 rows),
+ * and per head the rows transposed and the tile's partial (m, l, O) of every row. */
+#define SCRATCH_FLOATS(R, d, nh) (8 * SUB + (nh) * ((R) * (d) * 2 + 2 * (R)))
+
+/* Ask for the cache line at p (a hint: an address past the array is no fault). */
+#ifdef NOPF
+#define PREFETCH(p) ((void)0)
+#else
+#define PREFETCH(p) __builtin_prefetch((p), 0, HINT)
+#endif
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define GQA_X86 1
+#include <cpuid.h>
+#include <immintrin.h>
+#endif
+
+/* Shared between the units, not exported from the module. */
+#define GQA_HIDDEN __attribute__((visibility("hidden")))
+
+/* Whether the sweep asks for a line a second time where it waits on memory: set by
+ * _fused.c's pick() (see there), read by the sweep (_sweep.h). */
+extern GQA_HIDDEN int ask_twice;
+
+/* One sweep call (_sweep.h's sweep_head) and one overlap probe (_stream.h's stream). */
+typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
+                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
+                         float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
+typedef double (*stream_fn)(const char *, int, size_t, size_t, size_t, int, float, float);
+
+#define GQA_PATH(SUFFIX)                                                                   \
+    GQA_HIDDEN void sweep_head_##SUFFIX(const float *, const void *, const void *, int,    \
+                                        Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,    \
+                                        Py_ssize_t, const Py_ssize_t *, float *, float *,  \
+                                        float *, float *, Py_ssize_t, int, size_t, size_t); \
+    GQA_HIDDEN double stream_##SUFFIX(const char *, int, size_t, size_t, size_t, int, float, \
+                                      float);
+GQA_PATH(generic)
+#ifdef GQA_X86
+GQA_PATH(avx512)
+GQA_PATH(avx2)
+#endif
+#undef GQA_PATH
+
+#endif

@@ -1,0 +1,15 @@
+/* The sweep and the overlap probe (_sweep.h, _stream.h) on AVX-512, where the CPU has it. */
+#include "_fused.h"
+
+#ifdef GQA_X86
+#pragma GCC target("avx512f,avx512vl,avx2,fma,f16c")
+#define VL 16
+#define ACC 16
+#define SUFFIX avx512
+#define ROWS_PASS 8
+#define AGAIN_FPB 8
+#define JB_FEW JB
+#include "_sweep.h"
+#else
+typedef int gqa_no_avx512;   /* ISO C wants a declaration in every unit */
+#endif
