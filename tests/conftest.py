@@ -7,6 +7,7 @@ import inspect
 import os
 import re
 import sys
+import tempfile
 
 import pytest
 
@@ -35,8 +36,25 @@ def pytest_runtest_logreport(report):
                 comm.Abort(1)
 
 
+@pytest.hookimpl(tryfirst=True)   # before pytest's tmp_path plugin reads --basetemp
 def pytest_configure(config):
     pytest_runtest_logreport.config = config
+    if config.getoption("--with-mpi", default=False):
+        _basetemp_per_rank(config)
+
+
+def _basetemp_per_rank(config):
+    """Under mpirun each rank gets its own temporary tree, ``<--basetemp>/rank<r>``:
+    sixteen pytest sessions sharing pytest's numbered tree race when they clean it at
+    exit, and one rank's FileNotFoundError then fails a launch whose tests all passed."""
+    from mpi4py import MPI
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        return
+    root = config.option.basetemp or os.path.join(
+        tempfile.gettempdir(), f"pytest-mpi-{getattr(os, 'getuid', lambda: 'user')()}")
+    os.makedirs(root, exist_ok=True)
+    config.option.basetemp = os.path.join(root, f"rank{comm.rank}")
 
 
 def pytest_ignore_collect(collection_path, config):

@@ -18,14 +18,15 @@ SUITE = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-rs",
 
 
 @pytest.mark.parametrize("library", ["default", "openmpi"])
-def test_sixteen_rank_suite(library):
+def test_sixteen_rank_suite(library, tmp_path):
+    suite = SUITE + ["--basetemp", str(tmp_path / "ranks")]   # each rank one below it
     if library == "default":
-        cmd = mpirun_command(16, SUITE)
+        cmd = mpirun_command(16, suite)
     else:
         prefix = open_mpi()
         if prefix is None:
             pytest.skip("no Open MPI beside the default MPI (apt-get install openmpi-bin)")
-        cmd = prefix + ["-n", "16"] + SUITE
+        cmd = prefix + ["-n", "16"] + suite
     proc = run_bounded(cmd, timeout=300, cwd=os.path.dirname(HERE))
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
