@@ -56,6 +56,9 @@ static int avx2_rows(Py_ssize_t R, int half) { return half ? R == 1 || R == 2 : 
  * on the widest path. */
 #define STREAM_GROUP 512
 
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 static sweep_fn chosen = sweep_head_generic;
 static const char *chosen_name = "generic";
 

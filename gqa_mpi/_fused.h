@@ -29,9 +29,6 @@
 #define JB 32   /* rows of V per step of P @ V: 32 rows of d = 128 floats are 16 KiB (L1) */
 #endif
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
-
 /* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
 #define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
 
@@ -59,19 +56,16 @@
  * _fused.c's pick() (see there), read by the sweep (_sweep.h). */
 extern GQA_HIDDEN int ask_twice;
 
-/* One sweep call (_sweep.h's sweep_head) and one overlap probe (_stream.h's stream). */
-typedef void (*sweep_fn)(const float *, const void *, const void *, int, Py_ssize_t,
-                         Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
-                         float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
-typedef double (*stream_fn)(const char *, int, size_t, size_t, size_t, int, float, float);
+/* One sweep call (_sweep.h's sweep_head) and one overlap probe (_stream.h's stream): the
+ * functions' types, each path's pair declared by them, and the pointers pick() sets. */
+typedef void sweep_head_t(const float *, const void *, const void *, int, Py_ssize_t,
+                          Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
+                          float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
+typedef double stream_t(const char *, int, size_t, size_t, size_t, int, float, float);
+typedef sweep_head_t *sweep_fn;
+typedef stream_t *stream_fn;
 
-#define GQA_PATH(SUFFIX)                                                                   \
-    GQA_HIDDEN void sweep_head_##SUFFIX(const float *, const void *, const void *, int,    \
-                                        Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t,    \
-                                        Py_ssize_t, const Py_ssize_t *, float *, float *,  \
-                                        float *, float *, Py_ssize_t, int, size_t, size_t); \
-    GQA_HIDDEN double stream_##SUFFIX(const char *, int, size_t, size_t, size_t, int, float, \
-                                      float);
+#define GQA_PATH(SUFFIX) GQA_HIDDEN sweep_head_t sweep_head_##SUFFIX; GQA_HIDDEN stream_t stream_##SUFFIX;
 GQA_PATH(generic)
 #ifdef GQA_X86
 GQA_PATH(avx512)
