@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 
 import pytest
@@ -28,10 +29,17 @@ def slurm():
         pytest.skip(f"SLURM is installed but its controller is not up: {ping.stdout.strip()}")
 
 
+def venv_path():
+    """PATH as a user who activated this venv has it (the script runs the ``python`` on
+    PATH, as its comments say): this interpreter's directory first, so that the suite
+    run as ``.venv/bin/python -m pytest`` submits the same python as an activated one."""
+    return os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+
+
 def submit(tmp_path, env, tasks=8):
     out = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--ntasks-per-node={tasks}",
                           f"--chdir={tmp_path}", SCRIPT], capture_output=True, text=True,
-                         timeout=30, env=dict(os.environ, **env))
+                         timeout=30, env=dict(os.environ, PATH=venv_path(), **env))
     assert out.returncode == 0, out.stderr
     job = out.stdout.strip().split(";")[0]
     deadline = time.monotonic() + 120
@@ -80,7 +88,8 @@ def test_srun_without_the_libraries_pmi_is_caught(slurm, tmp_path):
     """srun --mpi=none: every task would be a world of one; one line says so, exit 2."""
     proc = subprocess.run(["srun", "-n", "2", "--mpi=none", "--kill-on-bad-exit=1",
                            "python", "-m", "gqa_mpi", "--seq-len", "100"],
-                          capture_output=True, text=True, timeout=60, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=dict(os.environ, PATH=venv_path()))
     assert proc.returncode == 2, proc.stderr
     assert "started as one of 2 processes by SLURM's srun" in proc.stderr
     assert proc.stderr.count("gqa_mpi: error:") == 1
