@@ -44,7 +44,8 @@ def test_dot_and_sum_accumulate_in_float32_and_round_once():
     assert tl.dot(ones, col).a[0, 0] == 4096 and tl.dot(ones, col).dtype == "f16"
     assert tl.sum(ones, axis=-1).a[0] == 4096 and tl.sum(ones).dtype == "f16"
     big = tl.full((1, 2), 40000.0, "f16")
-    assert np.isinf(tl.sum(big).a[0])                        # 80000 > 65504 once rounded
+    with np.errstate(over="ignore"):      # as run_kernel calls the kernel: the monitor reports it
+        assert np.isinf(tl.sum(big).a[0])                    # 80000 > 65504 once rounded
     assert tl.count.nonfinite and tl.count.nonfinite[0][0] == "sum"
     assert tl.count.dot_flops == 2 * 2 * 4096
 
