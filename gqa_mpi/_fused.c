@@ -38,6 +38,16 @@
  * and 4 (interleaved in one process, 2026-12-04). Set by pick(). */
 int ask_twice = 1;
 
+/* Whether groups of rows with few flops per byte ask for no line at all, leaving K and V
+ * to the core's own prefetcher (_sweep.h's NOASK_FPB): on every core but AMD's. On a
+ * Sapphire Rapids Xeon that took 0.76-0.92 of the time at float32 G = 1 to 4 and float16
+ * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1. Set by pick(). */
+int ask_none = 1;
+
+/* How the asking is set: as on this core (-1), as on AMD's (0), as on the others' (1):
+ * asking(name) pins it, for benchmarks (GQA_MPI_ASKING at import). */
+static int asking_as = -1;
+
 /* On a Zen 4 (AMD family 25 with AVX-512, which it runs as two halves of 256 bits) the
  * AVX2 loops sweep 1 and 2 rows of float16 and 4 rows of float32 per KV head in less
  * time than the AVX-512 ones. `bench paths` here (64K tokens at d = 128, 128K at d = 64,
@@ -66,16 +76,23 @@ static const char *chosen_name = "generic";
 typedef struct {
     sweep_fn fn;
     const char *loops;
+    asks_fn asks;
 } plan_t;
 
 static plan_t plan(Py_ssize_t R, int half) {
-    plan_t p = {chosen, "generic"};
+    plan_t p = {chosen, "generic", asks_generic};
 #ifdef GQA_X86
-    p.loops = chosen == sweep_head_avx512 ? "avx512"
-            : chosen == sweep_head_avx2 ? "avx2" : "generic";
+    if (chosen == sweep_head_avx512) {
+        p.loops = "avx512";
+        p.asks = asks_avx512;
+    } else if (chosen == sweep_head_avx2) {
+        p.loops = "avx2";
+        p.asks = asks_avx2;
+    }
     if (zen4_table && avx2_rows(R, half)) {
         p.fn = sweep_head_avx2;
         p.loops = "avx2";
+        p.asks = asks_avx2;
     }
 #endif
     return p;
@@ -292,6 +309,16 @@ done:
     return result;
 }
 
+/* Set ask_twice and ask_none as asking_as says: on x86 as the vendor wants by default. */
+static void apply_asking(void) {
+#ifdef GQA_X86
+    __builtin_cpu_init();
+    ask_twice = ask_none = asking_as >= 0 ? asking_as : !__builtin_cpu_is("amd");
+#else
+    ask_twice = ask_none = asking_as >= 0 ? asking_as : 1;
+#endif
+}
+
 /* Whether this is a Zen 4: AMD, family 25 (Zen 3 and 4), with AVX-512 (Zen 4 only). */
 static int zen4(void) {
 #ifdef GQA_X86
@@ -312,6 +339,7 @@ static int pick(const char *want) {
     const int rank = autom ? 3 : !strcmp(want, "avx512") ? 3 : !strcmp(want, "avx2") ? 2
                    : !strcmp(want, "generic") ? 1 : 0;
     if (!rank) return -1;
+    apply_asking();
     zen4_table = 0;
     chosen = sweep_head_generic;
     chosen_read = read_generic;
@@ -319,7 +347,6 @@ static int pick(const char *want) {
     chosen_name = "generic";
 #ifdef GQA_X86
     __builtin_cpu_init();
-    ask_twice = !__builtin_cpu_is("amd");
     if (rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
         chosen = sweep_head_avx512;
         chosen_read = read_avx512;
@@ -350,6 +377,27 @@ static PyObject *use(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(chosen_name);
 }
 
+/* asking(name): ask for lines as on this core ("auto"), on AMD's ("amd": once, always)
+ * or on the others' ("other": none, twice or once by flops per byte; _sweep.h). */
+static int set_asking(const char *name) {
+    const int as = !strcmp(name, "auto") ? -1 : !strcmp(name, "amd") ? 0
+                 : !strcmp(name, "other") ? 1 : -2;
+    if (as == -2) return -1;
+    asking_as = as;
+    apply_asking();
+    return 0;
+}
+
+static PyObject *asking(PyObject *self, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    if (set_asking(name) < 0) {
+        PyErr_Format(PyExc_ValueError, "unknown asking %R (auto, amd, other)", arg);
+        return NULL;
+    }
+    return PyUnicode_FromString(name);
+}
+
 static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
     Py_ssize_t R, d, heads = 1;
     if (!PyArg_ParseTuple(args, "nn|n", &R, &d, &heads)) return NULL;
@@ -366,7 +414,16 @@ static PyObject *runs(PyObject *self, PyObject *args) {
     return PyUnicode_FromString(plan(R, half).loops);
 }
 
-static PyObject *asks_twice(PyObject *self, PyObject *unused) { return PyBool_FromLong(ask_twice); }
+static PyObject *asks(PyObject *self, PyObject *args) {
+    Py_ssize_t R;
+    int half;
+    if (!PyArg_ParseTuple(args, "np", &R, &half)) return NULL;
+    if (R < 1) {
+        PyErr_SetString(PyExc_ValueError, "asks: R must be at least 1");
+        return NULL;
+    }
+    return PyLong_FromLong(plan(R, half).asks((int)GROUP(R), half));
+}
 
 static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS,
@@ -399,9 +456,14 @@ static PyMethodDef methods[] = {
     {"runs", runs, METH_VARARGS,
      "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head "
      "(float16 K and V where half is true) runs on now"},
-    {"asks_twice", asks_twice, METH_NOARGS,
-     "asks_twice(): whether the sweep asks for a line a second time where it waits on memory "
-     "(on every core but AMD's)"},
+    {"asking", asking, METH_O,
+     "asking(name): ask for lines ahead as this core's vendor wants ('auto', the default at "
+     "import), as on AMD's cores ('amd': once) or as on the others' ('other': none, twice or "
+     "once by flops per byte): for benchmarks; the results do not change"},
+    {"asks", asks, METH_VARARGS,
+     "asks(R, half): how often a sweep of R rows per KV head (float16 K and V where half is "
+     "true) asks for each line of K and V ahead of its loops now: 0 (the core's own "
+     "prefetcher streams them), 1 or 2"},
     {NULL, NULL, 0, NULL},
 };
 
@@ -411,5 +473,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
 PyMODINIT_FUNC PyInit__fused(void) {
     const char *want = getenv("GQA_MPI_ISA");  /* benchmarks may pin a slower path */
     if (pick(want && *want ? want : NULL) < 0) pick(NULL);
+    const char *as = getenv("GQA_MPI_ASKING");   /* and ask as another vendor's core does */
+    if (as && *as) set_asking(as);
     return PyModule_Create(&module);
 }

@@ -52,20 +52,25 @@
 /* Shared between the units, not exported from the module. */
 #define GQA_HIDDEN __attribute__((visibility("hidden")))
 
-/* Whether the sweep asks for a line a second time where it waits on memory: set by
- * _fused.c's pick() (see there), read by the sweep (_sweep.h). */
-extern GQA_HIDDEN int ask_twice;
+/* Whether the sweep asks for a line a second time where it waits on memory, and whether
+ * it asks for none in groups of rows with few flops per byte: set by _fused.c's pick()
+ * (see there), read by the sweep (_sweep.h). */
+extern GQA_HIDDEN int ask_twice, ask_none;
 
-/* One sweep call (_sweep.h's sweep_head) and one overlap probe (_stream.h's stream): the
- * functions' types, each path's pair declared by them, and the pointers pick() sets. */
+/* One sweep call (_sweep.h's sweep_head), one overlap probe (_stream.h's stream) and the
+ * sweep's asking (_sweep.h's asks): the functions' types, each path's three declared by
+ * them, and the pointers pick() sets. */
 typedef void sweep_head_t(const float *, const void *, const void *, int, Py_ssize_t,
                           Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
                           float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
 typedef double stream_t(const char *, int, size_t, size_t, size_t, int, float, float);
+typedef int asks_t(int, int);   /* how often a group of rows asks for each line (_sweep.h) */
 typedef sweep_head_t *sweep_fn;
 typedef stream_t *stream_fn;
+typedef asks_t *asks_fn;
 
-#define GQA_PATH(SUFFIX) GQA_HIDDEN sweep_head_t sweep_head_##SUFFIX; GQA_HIDDEN stream_t stream_##SUFFIX;
+#define GQA_PATH(SUFFIX) GQA_HIDDEN sweep_head_t sweep_head_##SUFFIX; \
+    GQA_HIDDEN stream_t stream_##SUFFIX; GQA_HIDDEN asks_t asks_##SUFFIX;
 GQA_PATH(generic)
 #ifdef GQA_X86
 GQA_PATH(avx512)

@@ -6,6 +6,7 @@
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
  * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
  * with fewer flops per byte of K and V than this ask for each line twice; see below),
+ * NOASK_FPB (groups with fewer than this ask for none, where ask_none is set; below),
  * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest)
  * and SUFFIX (appended to the function names).
  *
@@ -46,10 +47,26 @@
  * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
  * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
  * below AGAIN_FPB it asks twice, where ask_twice is set (_fused.c: on Intel cores).
+ * Below NOASK_FPB it asks for nothing, where ask_none is set (Intel too): on a Sapphire
+ * Rapids Xeon the core's own prefetcher then streams K and V faster than the asking
+ * does, while the loops read several K blocks at once or whole V rows. Without asking,
+ * AVX-512 swept float32 G = 1, 2 and 4 in 0.76-0.79, 0.77-0.79 and 0.88-0.91 of the
+ * time, float16 G = 1 and 2 in 0.87-0.90 and 0.91-0.92; float16 G = 4 0.99-1.01 and
+ * G = 8 1.35-1.46, float32 G = 8 1.22-1.30 (three processes, 64K tokens). AVX2 gained
+ * at float32 G = 1 and 2 and float16 G = 1 (0.80, 0.92, 0.88) and lost at float32
+ * G = 4 (1.32) and float16 G = 2 (1.17), whose V goes in columns of 64 bytes. On a
+ * Zen 4 asking for nothing took 1.06-1.33 of the time at float32 G = 1.
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
 #define NAME(x) CAT(x, SUFFIX)
+#define FPB(RB, HALF) (2 * (RB) / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
+
+/* How often a group of rb rows asks for each line of K and V: 0, 1 or 2 (see above). */
+GQA_HIDDEN int NAME(asks)(int rb, int half) {
+    const int fpb = FPB(rb, half);
+    return ask_none && fpb < NOASK_FPB ? 0 : ask_twice && fpb < AGAIN_FPB ? 2 : 1;
+}
 
 typedef float NAME(vf) __attribute__((vector_size(VL * 4)));
 typedef int32_t NAME(vi) __attribute__((vector_size(VL * 4)));
@@ -349,15 +366,15 @@ GQA_HIDDEN void NAME(sweep_head)(const float *q, const void *k, const void *v, i
                     float *mr = MT(x) + r0, *lr = LT(x) + r0, *Or = OT(x) + r0 * d;
                     /* RB, UB, W and the element type are compile-time constants in each call */
 #define RSS(RB) (RB > ROWS_PASS ? ROWS_PASS : RB)
-#define FPB(RB, HALF) (2 * RB / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
 #define UBS(RB) (RSS(RB) == 8 ? 1 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
-#define BLOCK_ROWS_TW(RB, HALF, TW) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, TW, qr, \
-                                                     kb, vb, d, s0, s1, cut, mr, lr, Or, sc, \
-                                                     r0 ? 0 : ahead, again)
+#define BLOCK_ROWS_TW(RB, HALF, TW, AH) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, \
+                                                         TW, qr, kb, vb, d, s0, s1, cut, mr, \
+                                                         lr, Or, sc, r0 ? 0 : (AH), again)
 #define BLOCK_ROWS(RB, HALF) do {                                       \
-                    if (ask_twice && FPB(RB, HALF) < AGAIN_FPB) BLOCK_ROWS_TW(RB, HALF, 1); \
-                    else BLOCK_ROWS_TW(RB, HALF, 0);                    \
+                    const int n_ask = NAME(asks)(RB, HALF);             \
+                    if (n_ask == 2) BLOCK_ROWS_TW(RB, HALF, 1, ahead);  \
+                    else BLOCK_ROWS_TW(RB, HALF, 0, n_ask ? ahead : 0); \
                 } while (0)
 #define BY_ROWS(HALF) switch (rb) {                  \
                 case 8: BLOCK_ROWS(8, HALF); break;  \
@@ -372,7 +389,6 @@ GQA_HIDDEN void NAME(sweep_head)(const float *q, const void *k, const void *v, i
 #undef WS
 #undef UBS
 #undef RSS
-#undef FPB
                 }
             }
         }
@@ -403,3 +419,4 @@ GQA_HIDDEN void NAME(sweep_head)(const float *q, const void *k, const void *v, i
 #undef VF
 #undef VI
 #undef LOADV
+#undef FPB

@@ -7,6 +7,7 @@
 #define ACC 8
 #define SUFFIX avx2
 #define ROWS_PASS 4
+#define NOASK_FPB 2
 #define AGAIN_FPB 4
 #define JB_FEW 16
 #include "_sweep.h"

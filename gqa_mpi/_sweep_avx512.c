@@ -7,6 +7,7 @@
 #define ACC 16
 #define SUFFIX avx512
 #define ROWS_PASS 8
+#define NOASK_FPB 4
 #define AGAIN_FPB 8
 #define JB_FEW JB
 #include "_sweep.h"

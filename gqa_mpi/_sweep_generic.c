@@ -5,6 +5,7 @@
 #define ACC 8
 #define SUFFIX generic
 #define ROWS_PASS 8
+#define NOASK_FPB 0
 #define AGAIN_FPB 8
 #define JB_FEW JB
 #include "_sweep.h"

@@ -63,10 +63,12 @@ def isa() -> str:
     return _fused.isa() if _fused is not None else "none"
 
 
-def asks_twice() -> Optional[bool]:
-    """Whether the fused kernel asks for a line twice where memory binds (not on AMD
-    cores), or None where it is not built."""
-    return _fused.asks_twice() if _fused is not None else None
+def asks(rows: int, dtype) -> Optional[int]:
+    """How often the fused kernel asks for each line of K and V ahead of its loops, for
+    ``rows`` query rows per KV head with K and V of ``dtype``: 0 (the core's own
+    prefetcher streams them: groups with few flops per byte, not on AMD cores), 1, or 2
+    (where memory binds, not on AMD cores); None where it is not built."""
+    return _fused.asks(rows, np.dtype(dtype) == np.float16) if _fused is not None else None
 
 
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:

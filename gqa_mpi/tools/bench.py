@@ -178,6 +178,8 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                         row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
                                     f"{name}_over_old_limit": t / row["old_limit_s"],
                                     f"{name}_scratch_bytes": scratch})
+                    if "fused" in held:
+                        row["fused_asks"] = kernels.asks(G, dtype)
                     if "fused" in held and S >= CACHED + 128:
                         k, v = held["fused"]
                         row["fused_cached_s"] = best_of(lambda: kernels.FusedKernel.sweep(
@@ -408,10 +410,8 @@ def _launch_rows(title: str, rows: List[Dict], columns) -> None:
 def print_tables(result: Dict) -> None:
     local = result.get("local")
     if local:
-        asks = {True: ", asks for a line twice where memory binds", False: ", asks for a line "
-                "once (an AMD core)"}.get(result.get("asks_twice"), "")
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
-              f"fused kernel: {result['isa']}{asks}; peak sgemm "
+              f"fused kernel: {result['isa']}; peak sgemm "
               f"{local[0]['sgemm_gflops']:.0f} GFLOP/s")
         print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
               "dtype; the read is the\n  fastest way this machine has (read way: numpy.sum, "
@@ -420,14 +420,15 @@ def print_tables(result: Dict) -> None:
               f"with K and V in cache (each head's first {CACHED} tokens read\n  over and "
               "over, no prefetch): what the loops cost without the memory. fused ms near it: "
               "the\n  flops bind; near read ms: the memory; above both: the two do not "
-              "overlap\n  paired: the best of each fused run over the limit with the read "
+              "overlap\n  asks: how often the sweep asked for each line of K and V ahead "
+              "(0: it left them to the\n  core's own prefetcher)\n  paired: the best of each fused run over the limit with the read "
               "timed again just before it\n  (a slow spell that hits both moves it less than "
               "fused/limit)\n  X/limit: 1.0 is the "
               "limit, lower is impossible, higher is slower; torch/ours: above 1 we are faster")
         extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
         head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
                 f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} "
-                f"{'cached ms':>9} "
+                f"{'cached ms':>9} {'asks':>4} "
                 f"{'fused/limit':>11} {'paired':>6} {'fused/old':>9} {'numpy ms':>9} "
                 f"{'numpy/limit':>11} "
                 f"{'scratch KiB':>11}  " + "  ".join(f"{e + '/ours':>17}" for e in extra))
@@ -438,6 +439,7 @@ def print_tables(result: Dict) -> None:
                   f"{r['read_s'] * 1e3:>8.2f} {reads.short(r['read_way']):>9} "
                   f"{r['read_old_s'] * 1e3:>10.2f} {r['flop_s'] * 1e3:>8.2f} "
                   f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_cached_s', nan) * 1e3:>9.2f} "
+                  f"{r.get('fused_asks', '-'):>4} "
                   f"{r.get('fused_over_limit', nan):>11.2f} "
                   f"{r.get('fused_paired_over_limit', nan):>6.2f} "
                   f"{r.get('fused_over_old_limit', nan):>9.2f} "
@@ -642,7 +644,7 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa(), asks_twice=kernels.asks_twice())
+    result = dict(blas_threads=1, isa=kernels.isa())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(
