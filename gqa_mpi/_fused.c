@@ -44,9 +44,10 @@ int ask_twice = 1;
  * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1. Set by pick(). */
 int ask_none = 1;
 
-/* How the asking is set: as on this core (-1), as on AMD's (0), as on the others' (1):
- * asking(name) pins it, for benchmarks (GQA_MPI_ASKING at import). */
-static int asking_as = -1;
+/* How the asking is set: as this core's vendor wants (-1), or pinned by asking(name),
+ * for benchmarks (GQA_MPI_ASKING at import): ASK_ONCE, ASK_TWICE or ASK_NONE below. */
+enum { ASK_AUTO = -1, ASK_ONCE, ASK_TWICE, ASK_NONE };
+static int asking_as = ASK_AUTO;
 
 /* On a Zen 4 (AMD family 25 with AVX-512, which it runs as two halves of 256 bits) the
  * AVX2 loops sweep 1 and 2 rows of float16 and 4 rows of float32 per KV head in less
@@ -309,14 +310,20 @@ done:
     return result;
 }
 
-/* Set ask_twice and ask_none as asking_as says: on x86 as the vendor wants by default. */
+/* Set ask_twice and ask_none as asking_as says; by default, on x86, both on every core
+ * but AMD's. */
 static void apply_asking(void) {
+    int as = asking_as;
+    if (as == ASK_AUTO) {
 #ifdef GQA_X86
-    __builtin_cpu_init();
-    ask_twice = ask_none = asking_as >= 0 ? asking_as : !__builtin_cpu_is("amd");
+        __builtin_cpu_init();
+        as = __builtin_cpu_is("amd") ? ASK_ONCE : ASK_NONE;
 #else
-    ask_twice = ask_none = asking_as >= 0 ? asking_as : 1;
+        as = ASK_NONE;
 #endif
+    }
+    ask_twice = as != ASK_ONCE;
+    ask_none = as == ASK_NONE;
 }
 
 /* Whether this is a Zen 4: AMD, family 25 (Zen 3 and 4), with AVX-512 (Zen 4 only). */
@@ -377,11 +384,13 @@ static PyObject *use(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(chosen_name);
 }
 
-/* asking(name): ask for lines as on this core ("auto"), on AMD's ("amd": once, always)
- * or on the others' ("other": none, twice or once by flops per byte; _sweep.h). */
+/* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as this core's
+ * vendor wants, "once" every line once (AMD's cores), "twice" twice below AGAIN_FPB
+ * flops per byte (Intel's before 2026-12-07), "none" none below NOASK_FPB and twice below
+ * AGAIN_FPB (every core but AMD's). */
 static int set_asking(const char *name) {
-    const int as = !strcmp(name, "auto") ? -1 : !strcmp(name, "amd") ? 0
-                 : !strcmp(name, "other") ? 1 : -2;
+    const int as = !strcmp(name, "auto") ? ASK_AUTO : !strcmp(name, "once") ? ASK_ONCE
+                 : !strcmp(name, "twice") ? ASK_TWICE : !strcmp(name, "none") ? ASK_NONE : -2;
     if (as == -2) return -1;
     asking_as = as;
     apply_asking();
@@ -392,7 +401,7 @@ static PyObject *asking(PyObject *self, PyObject *arg) {
     const char *name = PyUnicode_AsUTF8(arg);
     if (!name) return NULL;
     if (set_asking(name) < 0) {
-        PyErr_Format(PyExc_ValueError, "unknown asking %R (auto, amd, other)", arg);
+        PyErr_Format(PyExc_ValueError, "unknown asking %R (auto, once, twice, none)", arg);
         return NULL;
     }
     return PyUnicode_FromString(name);
@@ -457,9 +466,11 @@ static PyMethodDef methods[] = {
      "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head "
      "(float16 K and V where half is true) runs on now"},
     {"asking", asking, METH_O,
-     "asking(name): ask for lines ahead as this core's vendor wants ('auto', the default at "
-     "import), as on AMD's cores ('amd': once) or as on the others' ('other': none, twice or "
-     "once by flops per byte): for benchmarks; the results do not change"},
+     "asking(name): how the sweep asks for lines of K and V ahead, for benchmarks (the "
+     "results do not change): 'auto' (the default at import) as this core's vendor wants, "
+     "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "
+     "(Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
+     "(every core but AMD's)"},
     {"asks", asks, METH_VARARGS,
      "asks(R, half): how often a sweep of R rows per KV head (float16 K and V where half is "
      "true) asks for each line of K and V ahead of its loops now: 0 (the core's own "
@@ -473,7 +484,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
 PyMODINIT_FUNC PyInit__fused(void) {
     const char *want = getenv("GQA_MPI_ISA");  /* benchmarks may pin a slower path */
     if (pick(want && *want ? want : NULL) < 0) pick(NULL);
-    const char *as = getenv("GQA_MPI_ASKING");   /* and ask as another vendor's core does */
+    const char *as = getenv("GQA_MPI_ASKING");   /* and benchmarks may pin the asking */
     if (as && *as) set_asking(as);
     return PyModule_Create(&module);
 }

@@ -117,22 +117,23 @@ def test_auto_runs_the_best_path_or_on_a_zen4_its_table(G, dtype):
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_asking_changes_how_lines_are_asked_for_and_never_the_results(isa, dtype):
-    """As on AMD's cores every group asks for each line once; as on the others' a group
-    with fewer flops per byte than the path's NOASK_FPB asks for none, then below
-    AGAIN_FPB twice (AVX-512: 4 and 8, AVX2: 2 and 4, portable C: 0 and 8, in flops per
-    byte, 2 G / element size). The sweep's results are the same bit for bit."""
+    """'once' asks for every line once (AMD's cores); 'twice' twice in groups with fewer
+    flops per byte than the path's AGAIN_FPB; 'none' (every core but AMD's) as 'twice',
+    but none below NOASK_FPB (AVX-512: 4 and 8, AVX2: 2 and 4, portable C: 0 and 8, in
+    flops per byte, 2 G / element size). The sweep's results are the same bit for bit."""
     rng = np.random.default_rng(11)
     k, v = (rng.standard_normal((1, 2000, 2 * 64)).astype(np.float32) for _ in "kv")
-    none, again = {"avx512": (4, 8), "avx2": (2, 4), "generic": (0, 8)}[isa]
+    noask, again = {"avx512": (4, 8), "avx2": (2, 4), "generic": (0, 8)}[isa]
     es = np.dtype(dtype).itemsize
     try:
         for G in (1, 2, 4, 8):
             q = rng.standard_normal((1, 1, 2 * G * 64)).astype(np.float32)
+            fpb = 2 * G // es
+            twice = 2 if fpb < again else 1
+            want = {"once": 1, "twice": twice, "none": 0 if fpb < noask else twice}
             outs = []
-            for how in ("amd", "other", "auto"):
+            for how in ("once", "twice", "none", "auto"):
                 assert fused.asking(how) == how
-                fpb = 2 * G // es
-                want = {"amd": 1, "other": 0 if fpb < none else 2 if fpb < again else 1}
                 if how in want:
                     assert kernels.asks(G, dtype) == want[how], (how, G)
                 outs.append(run(kernels.FusedKernel, q, k, v, h_kv=2, d=64, tile=512,
