@@ -397,14 +397,20 @@ static int set_asking(const char *name) {
     return 0;
 }
 
-static PyObject *asking(PyObject *self, PyObject *arg) {
-    const char *name = PyUnicode_AsUTF8(arg);
-    if (!name) return NULL;
-    if (set_asking(name) < 0) {
-        PyErr_Format(PyExc_ValueError, "unknown asking %R (auto, once, twice, none)", arg);
-        return NULL;
+static const char *const ASKING_NAMES[] = {"once", "twice", "none"};
+
+static PyObject *asking(PyObject *self, PyObject *args) {
+    PyObject *arg = NULL;
+    if (!PyArg_ParseTuple(args, "|U", &arg)) return NULL;
+    if (arg) {
+        const char *name = PyUnicode_AsUTF8(arg);
+        if (!name) return NULL;
+        if (set_asking(name) < 0) {
+            PyErr_Format(PyExc_ValueError, "unknown asking %R (auto, once, twice, none)", arg);
+            return NULL;
+        }
     }
-    return PyUnicode_FromString(name);
+    return PyUnicode_FromString(asking_as == ASK_AUTO ? "auto" : ASKING_NAMES[asking_as]);
 }
 
 static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
@@ -465,8 +471,8 @@ static PyMethodDef methods[] = {
     {"runs", runs, METH_VARARGS,
      "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head "
      "(float16 K and V where half is true) runs on now"},
-    {"asking", asking, METH_O,
-     "asking(name): how the sweep asks for lines of K and V ahead, for benchmarks (the "
+    {"asking", asking, METH_VARARGS,
+     "asking([name]): the asking pinned now, after pinning name if given: how the sweep asks for lines of K and V ahead, for benchmarks (the "
      "results do not change): 'auto' (the default at import) as this core's vendor wants, "
      "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "
      "(Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "

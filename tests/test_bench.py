@@ -57,9 +57,10 @@ def test_paths_times_every_path_the_cpu_has_and_leaves_the_default_chosen(tmp_pa
     pytest.importorskip("gqa_mpi._fused", reason="the fused kernel was not built")
     from gqa_mpi import _fused
     from gqa_mpi.tools import bench as tool
-    before = _fused.isa()
+    before, asking = _fused.isa(), _fused.asking()
     out = tmp_path / "paths.json"
-    assert tool.main(["paths", "--quick", "--generic", "--heads", "3", "--json", str(out)]) == 0
+    assert tool.main(["paths", "--quick", "--generic", "--heads", "3", "--asking", "twice,none",
+                      "--json", str(out)]) == 0
     rows = json.loads(out.read_text())["paths"]
     have = paths.available(paths.PATHS + ("generic",))
     assert have[0] == "auto" and "generic" in have
@@ -68,12 +69,15 @@ def test_paths_times_every_path_the_cpu_has_and_leaves_the_default_chosen(tmp_pa
     for r in rows:
         assert r["auto"] in ("avx512", "avx2", "generic")
         assert r["auto_over_auto"] == 1.0
-        assert all(r[f"{p}_s"] > 0 for p in have + ["auto_x3"])
+        assert all(r[f"{p}_s"] > 0 for p in have + ["auto_x3", "auto_twice", "auto_none"])
     assert "avx2/auto" in capsys.readouterr().out or have == ["auto", "generic"]
-    assert _fused.isa() == before
+    assert (_fused.isa(), _fused.asking()) == (before, asking)
     with pytest.raises(SystemExit) as e:
         tool.main(["paths", "--heads", "0"])
     assert e.value.code == 2 and "--heads: 1 to 64" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        tool.main(["paths", "--asking", "twice,often"])
+    assert e.value.code == 2 and "--asking: often is not one of" in capsys.readouterr().err
 
 
 def test_a_reader_that_leaves_early_ends_the_output_quietly():

@@ -589,6 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--heads", type=int, default=1,
                    help="also time the default sweeping this many KV heads at once, block "
                         "by block in turn (the same results; more streams for the memory)")
+    a.add_argument("--asking", default="", metavar="WAYS",
+                   help="also time the default with the asking for lines ahead pinned, each "
+                        "of WAYS in turn: once (AMD's cores), twice (Intel's before "
+                        "2026-12-07), none (Intel's now), e.g. twice,none (the same results)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
                                                       "%(default)s)")
@@ -684,10 +688,15 @@ def _measure(what: str, a, result: Dict, cores) -> None:
             raise ValueError(f"the paths are the fused kernel's: {kernels.FUSED_ERROR}")
         if not 1 <= a.heads <= 64:
             raise ValueError(f"--heads: 1 to 64 KV heads at once, not {a.heads}")
+        asking = [w for w in a.asking.split(",") if w]
+        bad = [w for w in asking if w not in paths.ASKING]
+        if bad:
+            raise ValueError(f"--asking: {', '.join(bad)} is not one of "
+                             f"{', '.join(paths.ASKING)}")
         result.update(h_kv=a.heads_kv, d=a.head_dim)
         result["paths"] = paths.paths_table(
             _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats,
-            paths.PATHS + (("generic",) if a.generic else ()), a.heads)
+            paths.PATHS + (("generic",) if a.generic else ()), a.heads, asking)
     elif what == "reduce":
         result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
                                               a.steps, a.timeout, every_wire=not a.quick)
