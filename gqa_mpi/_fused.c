@@ -472,8 +472,8 @@ static PyMethodDef methods[] = {
      "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head "
      "(float16 K and V where half is true) runs on now"},
     {"asking", asking, METH_VARARGS,
-     "asking([name]): the asking pinned now, after pinning name if given: how the sweep asks for lines of K and V ahead, for benchmarks (the "
-     "results do not change): 'auto' (the default at import) as this core's vendor wants, "
+     "asking([name]): the asking pinned now, after pinning name if given: how the sweep "
+     "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this core's vendor wants, "
      "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "
      "(Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
      "(every core but AMD's)"},
