@@ -32,21 +32,15 @@
  */
 #include "_fused.h"
 
-/* Whether the sweep asks for a line a second time where it waits on memory (_sweep.h):
- * on every core but AMD's. On the Xeon the second request took 5-6% off float16 G = 1 and
- * float32 G = 4 and cost nothing elsewhere; on the EPYC (Zen 4) it cost 2-25% at G = 1
- * and 4 (interleaved in one process, 2026-12-04). Set by pick(). */
-int ask_twice = 1;
-
-/* Whether groups of rows with few flops per byte ask for no line at all, leaving K and V
- * to the core's own prefetcher (_sweep.h's NOASK_FPB): on every core but AMD's. On a
+/* How the sweep asks for lines ahead (_fused.h's ASK_*), set by pick(): ASK_ONCE on AMD's
+ * cores, ASK_NONE on the others, unless asking(name) pinned it (asking_as; ASK_AUTO: not).
+ * The second request: on the Xeon it took 5-6% off float16 G = 1 and float32 G = 4 and
+ * cost nothing elsewhere; on the EPYC (Zen 4) it cost 2-25% at G = 1 and 4 (interleaved
+ * in one process, 2026-12-04). No request in the groups of fewest flops per byte: on a
  * Sapphire Rapids Xeon that took 0.76-0.92 of the time at float32 G = 1 to 4 and float16
- * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1. Set by pick(). */
-int ask_none = 1;
-
-/* How the asking is set: as this core's vendor wants (-1), or pinned by asking(name),
- * for benchmarks (GQA_MPI_ASKING at import): ASK_ONCE, ASK_TWICE or ASK_NONE below. */
-enum { ASK_AUTO = -1, ASK_ONCE, ASK_TWICE, ASK_NONE };
+ * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1. */
+int asking = ASK_NONE;
+#define ASK_AUTO (-1)
 static int asking_as = ASK_AUTO;
 
 /* On a Zen 4 (AMD family 25 with AVX-512, which it runs as two halves of 256 bits) the
@@ -310,20 +304,13 @@ done:
     return result;
 }
 
-/* Set ask_twice and ask_none as asking_as says; by default, on x86, both on every core
- * but AMD's. */
+/* Set `asking` as asking_as says; by default, on x86, ASK_ONCE on AMD's cores. */
 static void apply_asking(void) {
-    int as = asking_as;
-    if (as == ASK_AUTO) {
+    asking = asking_as != ASK_AUTO ? asking_as : ASK_NONE;
 #ifdef GQA_X86
-        __builtin_cpu_init();
-        as = __builtin_cpu_is("amd") ? ASK_ONCE : ASK_NONE;
-#else
-        as = ASK_NONE;
+    __builtin_cpu_init();
+    if (asking_as == ASK_AUTO && __builtin_cpu_is("amd")) asking = ASK_ONCE;
 #endif
-    }
-    ask_twice = as != ASK_ONCE;
-    ask_none = as == ASK_NONE;
 }
 
 /* Whether this is a Zen 4: AMD, family 25 (Zen 3 and 4), with AVX-512 (Zen 4 only). */
@@ -399,7 +386,7 @@ static int set_asking(const char *name) {
 
 static const char *const ASKING_NAMES[] = {"once", "twice", "none"};
 
-static PyObject *asking(PyObject *self, PyObject *args) {
+static PyObject *asking_method(PyObject *self, PyObject *args) {
     PyObject *arg = NULL;
     if (!PyArg_ParseTuple(args, "|U", &arg)) return NULL;
     if (arg) {
@@ -471,7 +458,7 @@ static PyMethodDef methods[] = {
     {"runs", runs, METH_VARARGS,
      "runs(R, half): the loops (avx512, avx2 or generic) a sweep of R rows per KV head "
      "(float16 K and V where half is true) runs on now"},
-    {"asking", asking, METH_VARARGS,
+    {"asking", asking_method, METH_VARARGS,
      "asking([name]): the asking pinned now, after pinning name if given: how the sweep "
      "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this core's vendor wants, "
      "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "

@@ -52,10 +52,11 @@
 /* Shared between the units, not exported from the module. */
 #define GQA_HIDDEN __attribute__((visibility("hidden")))
 
-/* Whether the sweep asks for a line a second time where it waits on memory, and whether
- * it asks for none in groups of rows with few flops per byte: set by _fused.c's pick()
- * (see there), read by the sweep (_sweep.h). */
-extern GQA_HIDDEN int ask_twice, ask_none;
+/* How the sweep asks for lines of K and V ahead of its loops (_sweep.h's asks): every line
+ * once; twice in groups of rows with few flops per byte (below AGAIN_FPB); or as twice,
+ * but none in groups with fewer still (below NOASK_FPB). Set by _fused.c (see there). */
+enum { ASK_ONCE, ASK_TWICE, ASK_NONE };
+extern GQA_HIDDEN int asking;
 
 /* One sweep call (_sweep.h's sweep_head), one overlap probe (_stream.h's stream) and the
  * sweep's asking (_sweep.h's asks): the functions' types, each path's three declared by

@@ -6,7 +6,7 @@
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
  * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
  * with fewer flops per byte of K and V than this ask for each line twice; see below),
- * NOASK_FPB (groups with fewer than this ask for none, where ask_none is set; below),
+ * NOASK_FPB (groups with fewer than this ask for none, where `asking` is ASK_NONE; below),
  * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest)
  * and SUFFIX (appended to the function names).
  *
@@ -46,8 +46,8 @@
  * load slot per line: 5% at 8 rows on AVX2 (4 flops per byte of float32 K and V),
  * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
  * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
- * below AGAIN_FPB it asks twice, where ask_twice is set (_fused.c: on Intel cores).
- * Below NOASK_FPB it asks for nothing, where ask_none is set (Intel too): on a Sapphire
+ * below AGAIN_FPB it asks twice, where `asking` is ASK_TWICE or ASK_NONE (_fused.c: on
+ * Intel cores). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
  * Rapids Xeon the core's own prefetcher then streams K and V faster than the asking
  * does, while the loops read several K blocks at once or whole V rows. Without asking,
  * AVX-512 swept float32 G = 1, 2 and 4 in 0.76-0.79, 0.77-0.79 and 0.88-0.91 of the
@@ -65,7 +65,8 @@
 /* How often a group of rb rows asks for each line of K and V: 0, 1 or 2 (see above). */
 GQA_HIDDEN int NAME(asks)(int rb, int half) {
     const int fpb = FPB(rb, half);
-    return ask_none && fpb < NOASK_FPB ? 0 : ask_twice && fpb < AGAIN_FPB ? 2 : 1;
+    return asking == ASK_NONE && fpb < NOASK_FPB ? 0
+         : asking != ASK_ONCE && fpb < AGAIN_FPB ? 2 : 1;
 }
 
 typedef float NAME(vf) __attribute__((vector_size(VL * 4)));
