@@ -422,8 +422,8 @@ def print_tables(result: Dict) -> None:
               "the\n  flops bind; near read ms: the memory; above both: the two do not "
               "overlap\n  asks: how often the sweep asked for each line of K and V ahead "
               "(0: it left them to the\n  core's own prefetcher)\n  paired: the best of each "
-              "fused run over the limit with the read timed again just before it\n  (a slow spell that hits both moves it less than "
-              "fused/limit)\n  X/limit: 1.0 is the "
+              "fused run over the limit with the read timed again just before it\n  (a slow "
+              "spell that hits both moves it less than fused/limit)\n  X/limit: 1.0 is the "
               "limit, lower is impossible, higher is slower; torch/ours: above 1 we are faster")
         extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
         head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
