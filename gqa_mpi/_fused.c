@@ -475,9 +475,15 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_fused",
                                     "The fused local attention kernel of gqa_mpi.", -1, methods};
 
 PyMODINIT_FUNC PyInit__fused(void) {
-    const char *want = getenv("GQA_MPI_ISA");  /* benchmarks may pin a slower path */
-    if (pick(want && *want ? want : NULL) < 0) pick(NULL);
-    const char *as = getenv("GQA_MPI_ASKING");   /* and benchmarks may pin the asking */
-    if (as && *as) set_asking(as);
+    /* Benchmarks may pin a slower path, and the asking; a value that is neither fails the
+     * import with one line (gqa_mpi then says it runs the NumPy sweep, and why), so that
+     * a typo is never timed as the pin it meant. */
+    const char *want = getenv("GQA_MPI_ISA"), *as = getenv("GQA_MPI_ASKING");
+    if (pick(want && *want ? want : NULL) < 0)
+        return PyErr_Format(PyExc_ImportError, "GQA_MPI_ISA=%s is not one of auto, avx512, "
+                            "avx2, generic", want);
+    if (as && *as && set_asking(as) < 0)
+        return PyErr_Format(PyExc_ImportError, "GQA_MPI_ASKING=%s is not one of auto, once, "
+                            "twice, none", as);
     return PyModule_Create(&module);
 }

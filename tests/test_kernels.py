@@ -4,6 +4,10 @@ Every shape runs on every instruction set this CPU has (portable C, AVX2, AVX-51
 with float32 and float16 resident K/V, so the path CI's CPU does not pick is
 exercised too.
 """
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -144,6 +148,21 @@ def test_asking_changes_how_lines_are_asked_for_and_never_the_results(isa, dtype
         fused.asking("auto")
     with pytest.raises(ValueError, match="unknown asking"):
         fused.asking("intel")
+
+
+@pytest.mark.parametrize("pin, value, says", [
+    ("GQA_MPI_ISA", "AVX2", "GQA_MPI_ISA=AVX2 is not one of auto, avx512, avx2, generic"),
+    ("GQA_MPI_ASKING", "noen", "GQA_MPI_ASKING=noen is not one of auto, once, twice, none"),
+    ("GQA_MPI_ASKING", "twice", None)])
+def test_a_pin_that_is_not_one_fails_the_import_with_one_line(pin, value, says):
+    """A benchmark's pin with a typo is never timed as the pin it meant: the fused kernel
+    does not load, and the reason is what gqa_mpi prints beside the NumPy sweep."""
+    code = ("from gqa_mpi.core import kernels\n"
+            "print(kernels.FUSED_ERROR or kernels._fused.asking())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=dict(os.environ, **{pin: value}))
+    assert out.returncode == 0, out.stderr
+    assert (says or value) in out.stdout, out.stdout
 
 
 def test_a_tile_far_longer_than_the_slice_allocates_nothing_for_it():
