@@ -64,34 +64,80 @@ static int avx2_rows(Py_ssize_t R, int half) { return half ? R == 1 || R == 2 : 
 #define STR_(x) #x
 #define STR(x) STR_(x)
 
-static sweep_fn chosen = sweep_head_generic;
-static const char *chosen_name = "generic";
-
-/* The loops a call of R rows per KV head runs on now (see zen4_table), and their name. */
-typedef struct {
-    sweep_fn fn;
-    const char *loops;
-    asks_fn asks;
-} plan_t;
-
-static plan_t plan(Py_ssize_t R, int half) {
-    plan_t p = {chosen, "generic", asks_generic};
+/* Stream n bytes once with vectors of VB bytes, eight loads in flight and, with
+ * ahead > 0, each line asked for `ahead` bytes before it is read (and, with again > 0,
+ * asked for once more `again` bytes nearer, as the sweep does); the sum of their
+ * 64-bit words keeps the loads from being optimised away. Compiled per instruction
+ * set like the sweep: the read limit the bench holds the sweep to. */
+#define READ_FN(NAME_, VB, TARGET)                                                      \
+    TARGET static uint64_t NAME_(const char *p, size_t n, size_t ahead, size_t again) { \
+        typedef uint64_t vu __attribute__((vector_size(VB)));                           \
+        vu acc[8] = {{0}};                                                              \
+        size_t i = 0;                                                                   \
+        for (; i + 8 * VB <= n; i += 8 * VB) {                                          \
+            if (ahead)                                                                  \
+                for (size_t b = 0; b < 8 * VB; b += 64) {                               \
+                    __builtin_prefetch(p + i + b + ahead, 0, HINT);                     \
+                    if (again) __builtin_prefetch(p + i + b + ahead - again, 0, HINT);  \
+                }                                                                       \
+            for (int u = 0; u < 8; u++) {                                               \
+                vu x;                                                                   \
+                memcpy(&x, p + i + (size_t)u * VB, VB);                                 \
+                acc[u] += x;                                                            \
+            }                                                                           \
+        }                                                                               \
+        uint64_t out = 0;                                                               \
+        for (int u = 1; u < 8; u++) acc[0] += acc[u];                                   \
+        for (size_t w = 0; w < VB / 8; w++) out += acc[0][w];                          \
+        for (; i + 8 <= n; i += 8) {                                                    \
+            uint64_t w;                                                                 \
+            memcpy(&w, p + i, 8);                                                       \
+            out += w;                                                                   \
+        }                                                                               \
+        for (; i < n; i++) out += (unsigned char)p[i];                                  \
+        return out;                                                                     \
+    }
 #ifdef GQA_X86
-    if (chosen == sweep_head_avx512) {
-        p.loops = "avx512";
-        p.asks = asks_avx512;
-    } else if (chosen == sweep_head_avx2) {
-        p.loops = "avx2";
-        p.asks = asks_avx2;
-    }
-    if (zen4_table && avx2_rows(R, half)) {
-        p.fn = sweep_head_avx2;
-        p.loops = "avx2";
-        p.asks = asks_avx2;
-    }
+READ_FN(read_avx512, 64, __attribute__((target("avx512f"))))
+READ_FN(read_avx2, 32, __attribute__((target("avx2"))))
 #endif
-    return p;
+READ_FN(read_generic, 16, )
+
+typedef uint64_t (*read_fn)(const char *, size_t, size_t, size_t);
+
+/* One instruction-set path: its name, its sweep, the read and the overlap probe on the
+ * same instructions, and how its sweep asks for lines ahead. */
+typedef struct {
+    const char *name;
+    sweep_fn sweep;
+    read_fn read;
+    stream_fn stream;
+    asks_fn asks;
+} path_t;
+
+static const path_t GENERIC = {"generic", sweep_head_generic, read_generic, stream_generic,
+                               asks_generic};
+#ifdef GQA_X86
+static const path_t AVX512 = {"avx512", sweep_head_avx512, read_avx512, stream_avx512,
+                              asks_avx512};
+static const path_t AVX2 = {"avx2", sweep_head_avx2, read_avx2, stream_avx2, asks_avx2};
+#endif
+
+/* The path pick() chose; with zen4_table, calls of avx2_rows run AVX2's sweep (plan). */
+static const path_t *chosen = &GENERIC;
+
+/* The path a call of R rows per KV head runs on now (see zen4_table). */
+static const path_t *plan(Py_ssize_t R, int half) {
+#ifdef GQA_X86
+    if (zen4_table && avx2_rows(R, half)) return &AVX2;
+#else
+    (void)R, (void)half;
+#endif
+    return chosen;
 }
+
+/* The name isa() and use() give: the path's, or on a Zen 4 "avx512+avx2". */
+static const char *chosen_name(void) { return zen4_table ? "avx512+avx2" : chosen->name; }
 
 static int is_f32(const Py_buffer *b) { return b->itemsize == 4 && b->format && !strcmp(b->format, "f"); }
 static int is_f16(const Py_buffer *b) { return b->itemsize == 2 && b->format && !strcmp(b->format, "e"); }
@@ -146,7 +192,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     }
     if (tile > S) tile = S > 0 ? S : 1;
     if (hi > lo && R > 0 && d > 0) {
-        const plan_t p = plan(R, half);
+        const path_t *p = plan(R, half);
         const Py_ssize_t want = heads_asked ? heads_asked : 1;
         const int heads = B * H < want ? (int)(B * H) : (int)want;
         float *scratch = NULL;
@@ -160,7 +206,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t h = 0; h < B * H; h += heads) {
             const int nh = B * H - h < heads ? (int)(B * H - h) : heads;
-            p.fn((const float *)q->buf + h * R * d, (const char *)k->buf + (size_t)h * kstride,
+            p->sweep((const float *)q->buf + h * R * d, (const char *)k->buf + (size_t)h * kstride,
                  (const char *)v->buf + (size_t)h * vstride, half, R, d, lo, hi, tile, row_hi,
                  (float *)m->buf + h * R, (float *)l->buf + h * R, (float *)O->buf + h * R * d,
                  scratch, wrap, nh, kstride, vstride);
@@ -175,50 +221,6 @@ done:
     return result;
 #undef REQUIRE
 }
-
-/* Stream n bytes once with vectors of VB bytes, eight loads in flight and, with
- * ahead > 0, each line asked for `ahead` bytes before it is read (and, with again > 0,
- * asked for once more `again` bytes nearer, as the sweep does); the sum of their
- * 64-bit words keeps the loads from being optimised away. Compiled per instruction
- * set like the sweep: the read limit the bench holds the sweep to. */
-#define READ_FN(NAME_, VB, TARGET)                                                      \
-    TARGET static uint64_t NAME_(const char *p, size_t n, size_t ahead, size_t again) { \
-        typedef uint64_t vu __attribute__((vector_size(VB)));                           \
-        vu acc[8] = {{0}};                                                              \
-        size_t i = 0;                                                                   \
-        for (; i + 8 * VB <= n; i += 8 * VB) {                                          \
-            if (ahead)                                                                  \
-                for (size_t b = 0; b < 8 * VB; b += 64) {                               \
-                    __builtin_prefetch(p + i + b + ahead, 0, HINT);                     \
-                    if (again) __builtin_prefetch(p + i + b + ahead - again, 0, HINT);  \
-                }                                                                       \
-            for (int u = 0; u < 8; u++) {                                               \
-                vu x;                                                                   \
-                memcpy(&x, p + i + (size_t)u * VB, VB);                                 \
-                acc[u] += x;                                                            \
-            }                                                                           \
-        }                                                                               \
-        uint64_t out = 0;                                                               \
-        for (int u = 1; u < 8; u++) acc[0] += acc[u];                                   \
-        for (size_t w = 0; w < VB / 8; w++) out += acc[0][w];                          \
-        for (; i + 8 <= n; i += 8) {                                                    \
-            uint64_t w;                                                                 \
-            memcpy(&w, p + i, 8);                                                       \
-            out += w;                                                                   \
-        }                                                                               \
-        for (; i < n; i++) out += (unsigned char)p[i];                                  \
-        return out;                                                                     \
-    }
-#ifdef GQA_X86
-READ_FN(read_avx512, 64, __attribute__((target("avx512f"))))
-READ_FN(read_avx2, 32, __attribute__((target("avx2"))))
-#endif
-READ_FN(read_generic, 16, )
-
-/* The read and the overlap probe on the sweep's instruction set: set by pick() with it. */
-typedef uint64_t (*read_fn)(const char *, size_t, size_t, size_t);
-static read_fn chosen_read = read_generic;
-static stream_fn chosen_stream = stream_generic;
 
 /* read(buffers, ahead=0, chunk=0, again=0): see the method table. */
 static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
@@ -250,7 +252,7 @@ static PyObject *read_all(PyObject *self, PyObject *args, PyObject *kw) {
             goto done;
         longest = b[got].len > longest ? b[got].len : longest;
     }
-    const read_fn fn = chosen_read;
+    const read_fn fn = chosen->read;
     uint64_t out = 0;
     Py_BEGIN_ALLOW_THREADS
     const Py_ssize_t step = chunk ? chunk : longest;   /* round robin over the buffers */
@@ -290,7 +292,7 @@ static PyObject *stream(PyObject *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, why);
         goto done;
     }
-    const stream_fn fn = chosen_stream;
+    const stream_fn fn = chosen->stream;
     volatile float one = 1.0f;   /* coefficients the compiler cannot fold */
     const float c0 = one + 1.0f / 1024, c1 = one + 2.0f / 1024;
     double out;
@@ -335,27 +337,15 @@ static int pick(const char *want) {
     if (!rank) return -1;
     apply_asking();
     zen4_table = 0;
-    chosen = sweep_head_generic;
-    chosen_read = read_generic;
-    chosen_stream = stream_generic;
-    chosen_name = "generic";
+    chosen = &GENERIC;
 #ifdef GQA_X86
     __builtin_cpu_init();
     if (rank >= 3 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
-        chosen = sweep_head_avx512;
-        chosen_read = read_avx512;
-        chosen_stream = stream_avx512;
-        chosen_name = "avx512";
-        if (autom && zen4()) {
-            zen4_table = 1;
-            chosen_name = "avx512+avx2";
-        }
+        chosen = &AVX512;
+        zen4_table = autom && zen4();
     } else if (rank >= 2 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")
                && __builtin_cpu_supports("f16c")) {
-        chosen = sweep_head_avx2;
-        chosen_read = read_avx2;
-        chosen_stream = stream_avx2;
-        chosen_name = "avx2";
+        chosen = &AVX2;
     }
 #endif
     return 0;
@@ -368,7 +358,7 @@ static PyObject *use(PyObject *self, PyObject *arg) {
         PyErr_Format(PyExc_ValueError, "unknown instruction set %R (auto, avx512, avx2, generic)", arg);
         return NULL;
     }
-    return PyUnicode_FromString(chosen_name);
+    return PyUnicode_FromString(chosen_name());
 }
 
 /* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as this core's
@@ -406,14 +396,14 @@ static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
     return PyLong_FromSsize_t((Py_ssize_t)sizeof(float) * SCRATCH_FLOATS(R, d, heads));
 }
 
-static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
+static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name()); }
 
 /* runs(R, half): the loops a call of R rows per KV head runs on now. */
 static PyObject *runs(PyObject *self, PyObject *args) {
     Py_ssize_t R;
     int half;
     if (!PyArg_ParseTuple(args, "np", &R, &half)) return NULL;
-    return PyUnicode_FromString(plan(R, half).loops);
+    return PyUnicode_FromString(plan(R, half)->name);
 }
 
 static PyObject *asks(PyObject *self, PyObject *args) {
@@ -424,7 +414,7 @@ static PyObject *asks(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "asks: R must be at least 1");
         return NULL;
     }
-    return PyLong_FromLong(plan(R, half).asks((int)GROUP(R), half));
+    return PyLong_FromLong(plan(R, half)->asks((int)GROUP(R), half));
 }
 
 static PyMethodDef methods[] = {
