@@ -60,7 +60,7 @@ extern GQA_HIDDEN int asking;
 
 /* One sweep call (_sweep.h's sweep_head), one overlap probe (_stream.h's stream) and the
  * sweep's asking (_sweep.h's asks): the functions' types, each path's three declared by
- * them, and the pointers pick() sets. */
+ * them, and the pointers of _fused.c's table of paths. */
 typedef void sweep_head_t(const float *, const void *, const void *, int, Py_ssize_t,
                           Py_ssize_t, Py_ssize_t, Py_ssize_t, Py_ssize_t, const Py_ssize_t *,
                           float *, float *, float *, float *, Py_ssize_t, int, size_t, size_t);
