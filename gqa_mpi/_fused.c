@@ -33,12 +33,15 @@
 #include "_fused.h"
 
 /* How the sweep asks for lines ahead (_fused.h's ASK_*), set by pick(): ASK_ONCE on AMD's
- * cores, ASK_NONE on the others, unless asking(name) pinned it (asking_as; ASK_AUTO: not).
+ * cores, ASK_NONE32 on an Emerald Rapids Xeon, ASK_NONE on the others, unless asking(name)
+ * pinned it (asking_as; ASK_AUTO: not).
  * The second request: on the Xeon it took 5-6% off float16 G = 1 and float32 G = 4 and
  * cost nothing elsewhere; on the EPYC (Zen 4) it cost 2-25% at G = 1 and 4 (interleaved
  * in one process, 2026-12-04). No request in the groups of fewest flops per byte: on a
  * Sapphire Rapids Xeon that took 0.76-0.92 of the time at float32 G = 1 to 4 and float16
- * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1. */
+ * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1; on an Emerald
+ * Rapids it paid only at float32 G = 1 and 2, and cost 7-25% at float32 G = 4 and float16
+ * G = 1 and 2 (_sweep.h). */
 int asking = ASK_NONE;
 #define ASK_AUTO (-1)
 static int asking_as = ASK_AUTO;
@@ -306,23 +309,42 @@ done:
     return result;
 }
 
-/* Set `asking` as asking_as says; by default, on x86, ASK_ONCE on AMD's cores. */
-static void apply_asking(void) {
-    asking = asking_as != ASK_AUTO ? asking_as : ASK_NONE;
+/* The CPU's family and model as the kernel's /proc/cpuinfo shows them (0 and 0 off x86). */
+static void family_model(unsigned *family, unsigned *model) {
+    *family = *model = 0;
 #ifdef GQA_X86
-    __builtin_cpu_init();
-    if (asking_as == ASK_AUTO && __builtin_cpu_is("amd")) asking = ASK_ONCE;
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return;
+    const unsigned base = (a >> 8) & 0xf;
+    *family = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+    *model = (a >> 4) & 0xf;
+    if (base == 0x6 || base == 0xf) *model |= ((a >> 16) & 0xf) << 4;
 #endif
 }
+
+/* The asking this core takes by default: ASK_ONCE on AMD's cores, ASK_NONE32 on an Emerald
+ * Rapids Xeon (Intel family 6, model 207), ASK_NONE on the others (measured on a Sapphire
+ * Rapids, model 143). */
+static int auto_asking(void) {
+#ifdef GQA_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_is("amd")) return ASK_ONCE;
+    unsigned family, model;
+    family_model(&family, &model);
+    if (__builtin_cpu_is("intel") && family == 6 && model == 207) return ASK_NONE32;
+#endif
+    return ASK_NONE;
+}
+
+/* Set `asking` as asking_as says, or by default as auto_asking. */
+static void apply_asking(void) { asking = asking_as != ASK_AUTO ? asking_as : auto_asking(); }
 
 /* Whether this is a Zen 4: AMD, family 25 (Zen 3 and 4), with AVX-512 (Zen 4 only). */
 static int zen4(void) {
 #ifdef GQA_X86
-    unsigned a, b, c, d;
-    if (!__builtin_cpu_is("amd") || !__builtin_cpu_supports("avx512f") || !__get_cpuid(1, &a, &b, &c, &d))
-        return 0;
-    const unsigned base = (a >> 8) & 0xf;
-    return (base == 0xf ? base + ((a >> 20) & 0xff) : base) == 25;
+    unsigned family, model;
+    family_model(&family, &model);
+    return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") && family == 25;
 #else
     return 0;
 #endif
@@ -361,20 +383,24 @@ static PyObject *use(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(chosen_name());
 }
 
-/* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as this core's
- * vendor wants, "once" every line once (AMD's cores), "twice" twice below AGAIN_FPB
+/* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as auto_asking says
+ * for this core, "once" every line once (AMD's cores), "twice" twice below AGAIN_FPB
  * flops per byte (Intel's before 2026-12-07), "none" none below NOASK_FPB and twice below
- * AGAIN_FPB (every core but AMD's). */
+ * AGAIN_FPB (Intel's but the Emerald Rapids), "none32" as none, but none only in the
+ * float32 groups below NOASK_FPB / 2 (the Emerald Rapids). ASKING_NAMES in ASK_* order. */
+static const char *const ASKING_NAMES[] = {"once", "twice", "none", "none32"};
+#define N_ASKING ((int)(sizeof ASKING_NAMES / sizeof *ASKING_NAMES))
+#define ASKING_CHOICES "auto, once, twice, none, none32"
+
 static int set_asking(const char *name) {
-    const int as = !strcmp(name, "auto") ? ASK_AUTO : !strcmp(name, "once") ? ASK_ONCE
-                 : !strcmp(name, "twice") ? ASK_TWICE : !strcmp(name, "none") ? ASK_NONE : -2;
+    int as = strcmp(name, "auto") ? -2 : ASK_AUTO;
+    for (int n = 0; n < N_ASKING; n++)
+        if (!strcmp(name, ASKING_NAMES[n])) as = n;
     if (as == -2) return -1;
     asking_as = as;
     apply_asking();
     return 0;
 }
-
-static const char *const ASKING_NAMES[] = {"once", "twice", "none"};
 
 static PyObject *asking_method(PyObject *self, PyObject *args) {
     PyObject *arg = NULL;
@@ -383,11 +409,15 @@ static PyObject *asking_method(PyObject *self, PyObject *args) {
         const char *name = PyUnicode_AsUTF8(arg);
         if (!name) return NULL;
         if (set_asking(name) < 0) {
-            PyErr_Format(PyExc_ValueError, "unknown asking %R (auto, once, twice, none)", arg);
+            PyErr_Format(PyExc_ValueError, "unknown asking %R (" ASKING_CHOICES ")", arg);
             return NULL;
         }
     }
     return PyUnicode_FromString(asking_as == ASK_AUTO ? "auto" : ASKING_NAMES[asking_as]);
+}
+
+static PyObject *asking_way(PyObject *self, PyObject *unused) {
+    return PyUnicode_FromString(ASKING_NAMES[asking]);
 }
 
 static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
@@ -453,7 +483,11 @@ static PyMethodDef methods[] = {
      "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this core's vendor wants, "
      "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "
      "(Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
-     "(every core but AMD's)"},
+     "(Intel's but the Emerald Rapids, and any other core), 'none32' as none, but none only "
+     "in float32's groups of fewest flops per byte (the Emerald Rapids)"},
+    {"asking_way", asking_way, METH_NOARGS,
+     "asking_way(): the way the sweep asks for lines ahead now: the pin, or what 'auto' "
+     "chose for this core (once, twice, none or none32)"},
     {"asks", asks, METH_VARARGS,
      "asks(R, half): how often a sweep of R rows per KV head (float16 K and V where half is "
      "true) asks for each line of K and V ahead of its loops now: 0 (the core's own "
@@ -473,7 +507,7 @@ PyMODINIT_FUNC PyInit__fused(void) {
         return PyErr_Format(PyExc_ImportError, "GQA_MPI_ISA=%s is not one of auto, avx512, "
                             "avx2, generic", want);
     if (as && *as && set_asking(as) < 0)
-        return PyErr_Format(PyExc_ImportError, "GQA_MPI_ASKING=%s is not one of auto, once, "
-                            "twice, none", as);
+        return PyErr_Format(PyExc_ImportError, "GQA_MPI_ASKING=%s is not one of "
+                            ASKING_CHOICES, as);
     return PyModule_Create(&module);
 }

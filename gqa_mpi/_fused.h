@@ -53,9 +53,10 @@
 #define GQA_HIDDEN __attribute__((visibility("hidden")))
 
 /* How the sweep asks for lines of K and V ahead of its loops (_sweep.h's asks): every line
- * once; twice in groups of rows with few flops per byte (below AGAIN_FPB); or as twice,
- * but none in groups with fewer still (below NOASK_FPB). Set by _fused.c (see there). */
-enum { ASK_ONCE, ASK_TWICE, ASK_NONE };
+ * once; twice in groups of rows with few flops per byte (below AGAIN_FPB); as twice, but
+ * none in groups with fewer still (below NOASK_FPB); or as twice, but none only in the
+ * float32 groups below half of NOASK_FPB. Set by _fused.c (see there). */
+enum { ASK_ONCE, ASK_TWICE, ASK_NONE, ASK_NONE32 };
 extern GQA_HIDDEN int asking;
 
 /* One sweep call (_sweep.h's sweep_head), one overlap probe (_stream.h's stream) and the

@@ -6,7 +6,8 @@
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
  * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
  * with fewer flops per byte of K and V than this ask for each line twice; see below),
- * NOASK_FPB (groups with fewer than this ask for none, where `asking` is ASK_NONE; below),
+ * NOASK_FPB (groups with fewer than this ask for none, where `asking` is ASK_NONE, and the
+ * float32 groups with fewer than half of it, where it is ASK_NONE32; below),
  * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest)
  * and SUFFIX (appended to the function names).
  *
@@ -46,8 +47,8 @@
  * load slot per line: 5% at 8 rows on AVX2 (4 flops per byte of float32 K and V),
  * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
  * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
- * below AGAIN_FPB it asks twice, where `asking` is ASK_TWICE or ASK_NONE (_fused.c: on
- * Intel cores). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
+ * below AGAIN_FPB it asks twice, where `asking` is not ASK_ONCE (_fused.c: on Intel
+ * cores). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
  * Rapids Xeon the core's own prefetcher then streams K and V faster than the asking
  * does, while the loops read several K blocks at once or whole V rows. Without asking,
  * AVX-512 swept float32 G = 1, 2 and 4 in 0.76-0.79, 0.77-0.79 and 0.88-0.91 of the
@@ -55,7 +56,11 @@
  * G = 8 1.35-1.46, float32 G = 8 1.22-1.30 (three processes, 64K tokens). AVX2 gained
  * at float32 G = 1 and 2 and float16 G = 1 (0.80, 0.92, 0.88) and lost at float32
  * G = 4 (1.32) and float16 G = 2 (1.17), whose V goes in columns of 64 bytes. On a
- * Zen 4 asking for nothing took 1.06-1.33 of the time at float32 G = 1.
+ * Zen 4 asking for nothing took 1.06-1.33 of the time at float32 G = 1. On an Emerald
+ * Rapids Xeon only float32's lightest groups gain (ASK_NONE32: below NOASK_FPB / 2, on
+ * AVX-512 G = 1 and 2): there asking twice took 1.04-1.14 and 1.15 of the time of asking
+ * for nothing at float32 G = 1 and 2, but 0.89-0.93 at float32 G = 4, 0.85-0.86 at
+ * float16 G = 1 and 0.80-0.81 at float16 G = 2 (AVX-512, three processes, best of 7).
  */
 #define CAT_(a, b) a##_##b
 #define CAT(a, b) CAT_(a, b)
@@ -65,8 +70,9 @@
 /* How often a group of rb rows asks for each line of K and V: 0, 1 or 2 (see above). */
 GQA_HIDDEN int NAME(asks)(int rb, int half) {
     const int fpb = FPB(rb, half);
-    return asking == ASK_NONE && fpb < NOASK_FPB ? 0
-         : asking != ASK_ONCE && fpb < AGAIN_FPB ? 2 : 1;
+    const int none_below = asking == ASK_NONE ? NOASK_FPB
+                         : asking == ASK_NONE32 && !half ? NOASK_FPB / 2 : 0;
+    return fpb < none_below ? 0 : asking != ASK_ONCE && fpb < AGAIN_FPB ? 2 : 1;
 }
 
 typedef float NAME(vf) __attribute__((vector_size(VL * 4)));

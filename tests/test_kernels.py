@@ -122,9 +122,10 @@ def test_auto_runs_the_best_path_or_on_a_zen4_its_table(G, dtype):
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_asking_changes_how_lines_are_asked_for_and_never_the_results(isa, dtype):
     """'once' asks for every line once (AMD's cores); 'twice' twice in groups with fewer
-    flops per byte than the path's AGAIN_FPB; 'none' (every core but AMD's) as 'twice',
-    but none below NOASK_FPB (AVX-512: 4 and 8, AVX2: 2 and 4, portable C: 0 and 8, in
-    flops per byte, 2 G / element size). The sweep's results are the same bit for bit."""
+    flops per byte than the path's AGAIN_FPB; 'none' (Intel's cores) as 'twice', but none
+    below NOASK_FPB (AVX-512: 4 and 8, AVX2: 2 and 4, portable C: 0 and 8, in flops per
+    byte, 2 G / element size); 'none32' (an Emerald Rapids) as 'twice', but none in the
+    float32 groups below NOASK_FPB / 2. The sweep's results are the same bit for bit."""
     rng = np.random.default_rng(11)
     k, v = (rng.standard_normal((1, 2000, 2 * 64)).astype(np.float32) for _ in "kv")
     noask, again = {"avx512": (4, 8), "avx2": (2, 4), "generic": (0, 8)}[isa]
@@ -134,12 +135,14 @@ def test_asking_changes_how_lines_are_asked_for_and_never_the_results(isa, dtype
             q = rng.standard_normal((1, 1, 2 * G * 64)).astype(np.float32)
             fpb = 2 * G // es
             twice = 2 if fpb < again else 1
-            want = {"once": 1, "twice": twice, "none": 0 if fpb < noask else twice}
+            want = {"once": 1, "twice": twice, "none": 0 if fpb < noask else twice,
+                    "none32": 0 if es == 4 and fpb < noask // 2 else twice}
             outs = []
-            for how in ("once", "twice", "none", "auto"):
+            for how in ("once", "twice", "none", "none32", "auto"):
                 assert fused.asking(how) == how
                 if how in want:
                     assert kernels.asks(G, dtype) == want[how], (how, G)
+                    assert kernels.asking() == how
                 outs.append(run(kernels.FusedKernel, q, k, v, h_kv=2, d=64, tile=512,
                                 dtype=dtype)[0])
             for out in outs[1:]:
@@ -150,9 +153,30 @@ def test_asking_changes_how_lines_are_asked_for_and_never_the_results(isa, dtype
         fused.asking("intel")
 
 
+def test_the_default_asking_follows_the_cpu_that_proc_cpuinfo_names():
+    """'auto' takes 'once' on AMD's cores, 'none32' on an Emerald Rapids (Intel family 6,
+    model 207) and 'none' elsewhere: read independently here from /proc/cpuinfo."""
+    try:
+        info = open("/proc/cpuinfo").read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    field = {}
+    for line in info.splitlines():
+        key, _, value = line.partition(":")
+        field.setdefault(key.strip(), value.strip())
+    if "vendor_id" not in field:
+        pytest.skip("/proc/cpuinfo names no x86 vendor")
+    vendor, family, model = field["vendor_id"], field["cpu family"], field["model"]
+    want = ("once" if vendor == "AuthenticAMD" else
+            "none32" if (vendor, family, model) == ("GenuineIntel", "6", "207") else "none")
+    assert fused.asking() == "auto"
+    assert kernels.asking() == want
+
+
 @pytest.mark.parametrize("pin, value, says", [
     ("GQA_MPI_ISA", "AVX2", "GQA_MPI_ISA=AVX2 is not one of auto, avx512, avx2, generic"),
-    ("GQA_MPI_ASKING", "noen", "GQA_MPI_ASKING=noen is not one of auto, once, twice, none"),
+    ("GQA_MPI_ASKING", "noen",
+     "GQA_MPI_ASKING=noen is not one of auto, once, twice, none, none32"),
     ("GQA_MPI_ASKING", "twice", None)])
 def test_a_pin_that_is_not_one_fails_the_import_with_one_line(pin, value, says):
     """A benchmark's pin with a typo is never timed as the pin it meant: the fused kernel

@@ -63,6 +63,13 @@ def isa() -> str:
     return _fused.isa() if _fused is not None else "none"
 
 
+def asking() -> Optional[str]:
+    """How the fused kernel asks for lines of K and V ahead: 'once' (AMD's cores), 'none32'
+    (an Emerald Rapids Xeon), 'none' (other cores), or the way ``GQA_MPI_ASKING`` pins
+    (``_fused.c``; :func:`asks` per group of rows); None where it is not built."""
+    return _fused.asking_way() if _fused is not None else None
+
+
 def asks(rows: int, dtype) -> Optional[int]:
     """How often the fused kernel asks for each line of K and V ahead of its loops, for
     ``rows`` query rows per KV head with K and V of ``dtype``: 0 (the core's own

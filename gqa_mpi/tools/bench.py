@@ -411,7 +411,8 @@ def print_tables(result: Dict) -> None:
     local = result.get("local")
     if local:
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
-              f"fused kernel: {result['isa']}; peak sgemm "
+              f"fused kernel: {result['isa']}"
+              f"{', asking ' + result['asking'] if result.get('asking') else ''}; peak sgemm "
               f"{local[0]['sgemm_gflops']:.0f} GFLOP/s")
         print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
               "dtype; the read is the\n  fastest way this machine has (read way: numpy.sum, "
@@ -592,7 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--asking", default="", metavar="WAYS",
                    help="also time the default with the asking for lines ahead pinned, each "
                         "of WAYS in turn: once (AMD's cores), twice (Intel's before "
-                        "2026-12-07), none (Intel's now), e.g. twice,none (the same results)")
+                        "2026-12-07), none (Intel's now), none32 (as none, float32 only: "
+                        "the Emerald Rapids), e.g. twice,none (the same results)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
                                                       "%(default)s)")
@@ -648,7 +650,7 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa())
+    result = dict(blas_threads=1, isa=kernels.isa(), asking=kernels.asking())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(

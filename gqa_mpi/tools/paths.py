@@ -10,7 +10,7 @@ The portable C path is left out unless asked for: it is the correct fallback, no
 contender. With ``heads`` > 1 the default also runs sweeping that many KV heads at
 once (``auto_xN``): the same results, with more streams of K and V in flight. With
 ``asking`` the default also runs with the sweep's asking for lines ahead pinned to each
-way given (``auto_once``, ``auto_twice``, ``auto_none``; ``_fused.asking``): the same
+way given (``auto_once``, ``auto_twice``, ``auto_none``, ``auto_none32``; ``_fused.asking``): the same
 results, an A/B of the prefetch against this core's default in one run.
 """
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ..core import kernels
 PATHS = ("auto", "avx512", "avx2")
 """The paths timed, where this CPU has them (``generic`` on request)."""
 
-ASKING = ("once", "twice", "none")
+ASKING = ("once", "twice", "none", "none32")
 """The ways of asking for lines ahead that the default may be timed with (``_fused.c``)."""
 
 
