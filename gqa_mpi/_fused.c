@@ -480,7 +480,7 @@ static PyMethodDef methods[] = {
      "(float16 K and V where half is true) runs on now"},
     {"asking", asking_method, METH_VARARGS,
      "asking([name]): the asking pinned now, after pinning name if given: how the sweep "
-     "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this core's vendor wants, "
+     "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this kind of core wants, "
      "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "
      "(Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
      "(Intel's but the Emerald Rapids, and any other core), 'none32' as none, but none only "
