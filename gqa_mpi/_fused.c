@@ -32,7 +32,7 @@
  */
 #include "_fused.h"
 
-/* How the sweep asks for lines ahead (_fused.h's ASK_*), set by pick(): ASK_ONCE on AMD's
+/* How the sweep asks for lines ahead (_fused.h's ASK_*), set at import: ASK_ONCE on AMD's
  * cores, ASK_NONE32 on an Emerald Rapids Xeon, ASK_NONE on the others, unless asking(name)
  * pinned it (asking_as; ASK_AUTO: not).
  * The second request: on the Xeon it took 5-6% off float16 G = 1 and float32 G = 4 and
@@ -357,7 +357,6 @@ static int pick(const char *want) {
     const int rank = autom ? 3 : !strcmp(want, "avx512") ? 3 : !strcmp(want, "avx2") ? 2
                    : !strcmp(want, "generic") ? 1 : 0;
     if (!rank) return -1;
-    apply_asking();
     zen4_table = 0;
     chosen = &GENERIC;
 #ifdef GQA_X86
@@ -390,7 +389,15 @@ static PyObject *use(PyObject *self, PyObject *arg) {
  * float32 groups below NOASK_FPB / 2 (the Emerald Rapids). ASKING_NAMES in ASK_* order. */
 static const char *const ASKING_NAMES[] = {"once", "twice", "none", "none32"};
 #define N_ASKING ((int)(sizeof ASKING_NAMES / sizeof *ASKING_NAMES))
-#define ASKING_CHOICES "auto, once, twice, none, none32"
+
+/* "auto, once, twice, ...": the names asking() and GQA_MPI_ASKING take, for their errors. */
+static const char *asking_choices(void) {
+    static char out[64] = "auto";
+    if (!strchr(out, ','))
+        for (int n = 0; n < N_ASKING; n++)
+            snprintf(out + strlen(out), sizeof out - strlen(out), ", %s", ASKING_NAMES[n]);
+    return out;
+}
 
 static int set_asking(const char *name) {
     int as = strcmp(name, "auto") ? -2 : ASK_AUTO;
@@ -409,7 +416,7 @@ static PyObject *asking_method(PyObject *self, PyObject *args) {
         const char *name = PyUnicode_AsUTF8(arg);
         if (!name) return NULL;
         if (set_asking(name) < 0) {
-            PyErr_Format(PyExc_ValueError, "unknown asking %R (" ASKING_CHOICES ")", arg);
+            PyErr_Format(PyExc_ValueError, "unknown asking %R (%s)", arg, asking_choices());
             return NULL;
         }
     }
@@ -506,8 +513,19 @@ PyMODINIT_FUNC PyInit__fused(void) {
     if (pick(want && *want ? want : NULL) < 0)
         return PyErr_Format(PyExc_ImportError, "GQA_MPI_ISA=%s is not one of auto, avx512, "
                             "avx2, generic", want);
-    if (as && *as && set_asking(as) < 0)
-        return PyErr_Format(PyExc_ImportError, "GQA_MPI_ASKING=%s is not one of "
-                            ASKING_CHOICES, as);
-    return PyModule_Create(&module);
+    if (set_asking(as && *as ? as : "auto") < 0)
+        return PyErr_Format(PyExc_ImportError, "GQA_MPI_ASKING=%s is not one of %s", as,
+                            asking_choices());
+    PyObject *mod = PyModule_Create(&module), *ways = PyTuple_New(N_ASKING);
+    for (int n = 0; ways && n < N_ASKING; n++) {
+        PyObject *name = PyUnicode_FromString(ASKING_NAMES[n]);
+        if (!name) Py_CLEAR(ways);
+        else PyTuple_SET_ITEM(ways, n, name);
+    }
+    if (!mod || !ways || PyModule_AddObject(mod, "ASKINGS", ways) < 0) {
+        Py_XDECREF(ways);
+        Py_XDECREF(mod);
+        return NULL;
+    }
+    return mod;
 }

@@ -70,6 +70,12 @@ def asking() -> Optional[str]:
     return _fused.asking_way() if _fused is not None else None
 
 
+def askings() -> Tuple[str, ...]:
+    """The ways :func:`asking` may be pinned to (``GQA_MPI_ASKING``, ``_fused.asking``),
+    besides 'auto'; none where the fused kernel is not built."""
+    return _fused.ASKINGS if _fused is not None else ()
+
+
 def asks(rows: int, dtype) -> Optional[int]:
     """How often the fused kernel asks for each line of K and V ahead of its loops, for
     ``rows`` query rows per KV head with K and V of ``dtype``: 0 (the core's own

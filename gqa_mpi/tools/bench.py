@@ -691,10 +691,10 @@ def _measure(what: str, a, result: Dict, cores) -> None:
         if not 1 <= a.heads <= 64:
             raise ValueError(f"--heads: 1 to 64 KV heads at once, not {a.heads}")
         asking = [w for w in a.asking.split(",") if w]
-        bad = [w for w in asking if w not in paths.ASKING]
+        ways = kernels.askings()
+        bad = [w for w in asking if w not in ways]
         if bad:
-            raise ValueError(f"--asking: {', '.join(bad)} is not one of "
-                             f"{', '.join(paths.ASKING)}")
+            raise ValueError(f"--asking: {', '.join(bad)} is not one of {', '.join(ways)}")
         result.update(h_kv=a.heads_kv, d=a.head_dim)
         result["paths"] = paths.paths_table(
             _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats,

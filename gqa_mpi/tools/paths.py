@@ -25,10 +25,6 @@ from ..core import kernels
 PATHS = ("auto", "avx512", "avx2")
 """The paths timed, where this CPU has them (``generic`` on request)."""
 
-ASKING = ("once", "twice", "none", "none32")
-"""The ways of asking for lines ahead that the default may be timed with (``_fused.c``)."""
-
-
 def _restore():
     """A call that puts back the path and the asking chosen now (``auto``'s Zen 4 name
     included)."""
@@ -60,7 +56,7 @@ def paths_table(tokens: int, groups: List[int], h_kv: int, d: int, rounds: int,
     """Per K/V dtype and G: each path's best sweep time over ``rounds`` interleaved
     rounds, in seconds, and its ratio to ``auto``'s; with ``heads`` > 1 also the default
     path sweeping that many KV heads at once (``auto_xN``; ``_fused.sweep``'s ``heads``),
-    and for each way of ``asking`` (of :data:`ASKING`) the default path with the asking
+    and for each way of ``asking`` (of ``_fused.ASKINGS``) the default path with the asking
     pinned (``auto_<way>``). The path and the asking chosen before stay chosen."""
     from .. import _fused
     before = _fused.asking()
