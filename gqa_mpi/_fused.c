@@ -32,12 +32,13 @@
  */
 #include "_fused.h"
 
-/* How the sweep asks for lines ahead (_fused.h's ASK_*), set at import: ASK_ONCE on AMD's
+/* How the sweep asks for lines ahead (_fused.h's ASK_*), set at import: ASK_TWICE on AMD's
  * cores, ASK_NONE32 on an Emerald Rapids Xeon, ASK_NONE on the others, unless asking(name)
  * pinned it (asking_as; ASK_AUTO: not).
  * The second request: on the Xeon it took 5-6% off float16 G = 1 and float32 G = 4 and
- * cost nothing elsewhere; on the EPYC (Zen 4) it cost 2-25% at G = 1 and 4 (interleaved
- * in one process, 2026-12-04). No request in the groups of fewest flops per byte: on a
+ * cost nothing elsewhere; on a Zen 4 it cost 2-25% at G = 1 and 4 on 2026-12-04 (a test
+ * per line then, and other loops), and on 2026-12-07 it paid at float32 G = 2 and 4 and
+ * float16 G = 1 and 2 (_sweep.h). No request in the groups of fewest flops per byte: on a
  * Sapphire Rapids Xeon that took 0.76-0.92 of the time at float32 G = 1 to 4 and float16
  * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1; on an Emerald
  * Rapids it paid only at float32 G = 1 and 2, and cost 7-25% at float32 G = 4 and float16
@@ -322,13 +323,13 @@ static void family_model(unsigned *family, unsigned *model) {
 #endif
 }
 
-/* The asking this core takes by default: ASK_ONCE on AMD's cores, ASK_NONE32 on an Emerald
+/* The asking this core takes by default: ASK_TWICE on AMD's cores, ASK_NONE32 on an Emerald
  * Rapids Xeon (Intel family 6, model 207), ASK_NONE on the others (measured on a Sapphire
  * Rapids, model 143). */
 static int auto_asking(void) {
 #ifdef GQA_X86
     __builtin_cpu_init();
-    if (__builtin_cpu_is("amd")) return ASK_ONCE;
+    if (__builtin_cpu_is("amd")) return ASK_TWICE;
     unsigned family, model;
     family_model(&family, &model);
     if (__builtin_cpu_is("intel") && family == 6 && model == 207) return ASK_NONE32;
@@ -383,8 +384,8 @@ static PyObject *use(PyObject *self, PyObject *arg) {
 }
 
 /* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as auto_asking says
- * for this core, "once" every line once (AMD's cores), "twice" twice below AGAIN_FPB
- * flops per byte (Intel's before 2026-12-07), "none" none below NOASK_FPB and twice below
+ * for this core, "once" every line once (AMD's before 2026-12-07), "twice" twice below
+ * AGAIN_FPB flops per byte (AMD's cores; Intel's before 2026-12-07), "none" none below NOASK_FPB and twice below
  * AGAIN_FPB (Intel's but the Emerald Rapids), "none32" as none, but none only in the
  * float32 groups below NOASK_FPB / 2 (the Emerald Rapids). ASKING_NAMES in ASK_* order. */
 static const char *const ASKING_NAMES[] = {"once", "twice", "none", "none32"};
@@ -488,8 +489,8 @@ static PyMethodDef methods[] = {
     {"asking", asking_method, METH_VARARGS,
      "asking([name]): the asking pinned now, after pinning name if given: how the sweep "
      "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this kind of core wants, "
-     "'once' every line once (AMD's cores), 'twice' twice where few flops meet each byte "
-     "(Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
+     "'once' every line once (AMD's before 2026-12-07), 'twice' twice where few flops meet "
+     "each byte (AMD's cores; Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
      "(Intel's but the Emerald Rapids, and any other core), 'none32' as none, but none only "
      "in float32's groups of fewest flops per byte (the Emerald Rapids)"},
     {"asking_way", asking_way, METH_NOARGS,

@@ -46,9 +46,14 @@
  * the memory-bound sweeps (G = 1 and 4) by 5-13%. Where the flops bind, it costs a
  * load slot per line: 5% at 8 rows on AVX2 (4 flops per byte of float32 K and V),
  * 3-5% at 4 rows of float16 there (4 too), 2-3% at 8 rows of float16 on the Xeon's
- * AVX-512 (8). A group of RB rows does 2 RB / es flops per byte (es bytes an element);
- * below AGAIN_FPB it asks twice, where `asking` is not ASK_ONCE (_fused.c: on Intel
- * cores). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
+ * AVX-512 (8), and on a Sapphire Rapids Xeon's AVX-512 asking once took 0.90-0.92 of the
+ * time of asking twice at float32 G = 8 and 0.92-0.97 at float16 G = 4 (4 flops per byte;
+ * four processes, best of 7), where a Zen 4 saw no difference (0.98-1.01). A group of RB
+ * rows does 2 RB / es flops per byte (es bytes an element); below AGAIN_FPB it asks
+ * twice, where `asking` is not ASK_ONCE. On a Zen 4 (2026-12-07, bench paths, three
+ * processes, best of 9) asking once took 1.11-1.18 of the time of asking twice at
+ * float32 G = 2 and 4 and 1.09-1.19 at float16 G = 1 and 2, and 0.97-0.98 at float32
+ * G = 1 on AVX-512; the AVX2 loops pinned lost likewise: AMD's cores ask twice (_fused.c). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
  * Rapids Xeon the core's own prefetcher then streams K and V faster than the asking
  * does, while the loops read several K blocks at once or whole V rows. Without asking,
  * AVX-512 swept float32 G = 1, 2 and 4 in 0.76-0.79, 0.77-0.79 and 0.88-0.91 of the

@@ -64,7 +64,7 @@ def isa() -> str:
 
 
 def asking() -> Optional[str]:
-    """How the fused kernel asks for lines of K and V ahead: 'once' (AMD's cores), 'none32'
+    """How the fused kernel asks for lines of K and V ahead: 'twice' (AMD's cores), 'none32'
     (an Emerald Rapids Xeon), 'none' (other cores), or the way ``GQA_MPI_ASKING`` pins
     (``_fused.c``; :func:`asks` per group of rows); None where it is not built."""
     return _fused.asking_way() if _fused is not None else None

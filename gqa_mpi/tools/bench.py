@@ -592,8 +592,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "by block in turn (the same results; more streams for the memory)")
     a.add_argument("--asking", default="", metavar="WAYS",
                    help="also time the default with the asking for lines ahead pinned, each "
-                        "of WAYS in turn: once (AMD's cores), twice (Intel's before "
-                        "2026-12-07), none (Intel's now), none32 (as none, float32 only: "
+                        "of WAYS in turn: once (AMD's before 2026-12-07), twice (AMD's "
+                        "now), none (Intel's now), none32 (as none, float32 only: "
                         "the Emerald Rapids), e.g. twice,none (the same results)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
