@@ -6,6 +6,7 @@
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
  * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
  * with fewer flops per byte of K and V than this ask for each line twice; see below),
+ * TWICE_FPB (optional, 0 if not defined: but not those with fewer than this),
  * NOASK_FPB (groups with fewer than this ask for none, where `asking` is ASK_NONE, and the
  * float32 groups with fewer than half of it, where it is ASK_NONE32; below),
  * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest)
@@ -53,7 +54,11 @@
  * twice, where `asking` is not ASK_ONCE. On a Zen 4 (2026-12-07, bench paths, three
  * processes, best of 9) asking once took 1.11-1.18 of the time of asking twice at
  * float32 G = 2 and 4 and 1.09-1.19 at float16 G = 1 and 2, and 0.97-0.98 at float32
- * G = 1 on AVX-512; the AVX2 loops pinned lost likewise: AMD's cores ask twice (_fused.c). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
+ * G = 1 on AVX-512; the AVX2 loops pinned lost likewise: AMD's cores ask twice (_fused.c).
+ * But on AVX-512 float32 G = 1 (below TWICE_FPB, 1 there: half a flop per byte) asks
+ * once in every way but none: in bench local, alternated, it swept in 0.93 of the time
+ * asking once on the Zen 4 (four runs each), and on a Sapphire Rapids asking once took
+ * 0.96 of the time of asking twice (bench paths, best of 7). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
  * Rapids Xeon the core's own prefetcher then streams K and V faster than the asking
  * does, while the loops read several K blocks at once or whole V rows. Without asking,
  * AVX-512 swept float32 G = 1, 2 and 4 in 0.76-0.79, 0.77-0.79 and 0.88-0.91 of the
@@ -71,13 +76,17 @@
 #define CAT(a, b) CAT_(a, b)
 #define NAME(x) CAT(x, SUFFIX)
 #define FPB(RB, HALF) (2 * (RB) / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
+#ifndef TWICE_FPB
+#define TWICE_FPB 0
+#endif
 
 /* How often a group of rb rows asks for each line of K and V: 0, 1 or 2 (see above). */
 GQA_HIDDEN int NAME(asks)(int rb, int half) {
     const int fpb = FPB(rb, half);
     const int none_below = asking == ASK_NONE ? NOASK_FPB
                          : asking == ASK_NONE32 && !half ? NOASK_FPB / 2 : 0;
-    return fpb < none_below ? 0 : asking != ASK_ONCE && fpb < AGAIN_FPB ? 2 : 1;
+    return fpb < none_below ? 0
+         : asking != ASK_ONCE && fpb >= TWICE_FPB && fpb < AGAIN_FPB ? 2 : 1;
 }
 
 typedef float NAME(vf) __attribute__((vector_size(VL * 4)));

@@ -9,6 +9,7 @@
 #define ROWS_PASS 8
 #define NOASK_FPB 4
 #define AGAIN_FPB 4   /* 8 before 2026-12-07: a Sapphire Rapids gained at 4 (_sweep.h) */
+#define TWICE_FPB 1   /* float32 G = 1 asks once (_sweep.h) */
 #define JB_FEW JB
 #include "_sweep.h"
 #else
