@@ -385,8 +385,8 @@ static PyObject *use(PyObject *self, PyObject *arg) {
 
 /* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as auto_asking says
  * for this core, "once" every line once (AMD's before 2026-12-07), "twice" twice below
- * AGAIN_FPB flops per byte (AMD's cores; Intel's before 2026-12-07), "none" none below NOASK_FPB and twice below
- * AGAIN_FPB (Intel's but the Emerald Rapids), "none32" as none, but none only in the
+ * AGAIN_FPB flops per byte (AMD's cores; Intel's before 2026-12-07), "none" none below
+ * NOASK_FPB and twice below AGAIN_FPB (Intel's but the Emerald Rapids), "none32" as none, but none only in the
  * float32 groups below NOASK_FPB / 2 (the Emerald Rapids). ASKING_NAMES in ASK_* order. */
 static const char *const ASKING_NAMES[] = {"once", "twice", "none", "none32"};
 #define N_ASKING ((int)(sizeof ASKING_NAMES / sizeof *ASKING_NAMES))
@@ -490,7 +490,8 @@ static PyMethodDef methods[] = {
      "asking([name]): the asking pinned now, after pinning name if given: how the sweep "
      "asks for lines of K and V ahead, for benchmarks (the results do not change): 'auto' (the default at import) as this kind of core wants, "
      "'once' every line once (AMD's before 2026-12-07), 'twice' twice where few flops meet "
-     "each byte (AMD's cores; Intel's before 2026-12-07), 'none' none where fewest do and twice where few do "
+     "each byte (AMD's cores; Intel's before 2026-12-07), 'none' none where fewest do and "
+     "twice where few do "
      "(Intel's but the Emerald Rapids, and any other core), 'none32' as none, but none only "
      "in float32's groups of fewest flops per byte (the Emerald Rapids)"},
     {"asking_way", asking_way, METH_NOARGS,

@@ -56,10 +56,11 @@
  * float32 G = 2 and 4 and 1.09-1.19 at float16 G = 1 and 2, and 0.97-0.98 at float32
  * G = 1 on AVX-512; the AVX2 loops pinned lost likewise: AMD's cores ask twice (_fused.c).
  * But on AVX-512 float32 G = 1 (below TWICE_FPB, 1 there: half a flop per byte) asks
- * once in every way but none: in bench local, alternated, it swept in 0.93 of the time
+ * once where it asks at all: in bench local, alternated, it swept in 0.93 of the time
  * asking once on the Zen 4 (four runs each), and on a Sapphire Rapids asking once took
- * 0.96 of the time of asking twice (bench paths, best of 7). Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire
- * Rapids Xeon the core's own prefetcher then streams K and V faster than the asking
+ * 0.96 of the time of asking twice (bench paths, best of 7).
+ * Below NOASK_FPB it asks for nothing under ASK_NONE: on a Sapphire Rapids Xeon the
+ * core's own prefetcher then streams K and V faster than the asking
  * does, while the loops read several K blocks at once or whole V rows. Without asking,
  * AVX-512 swept float32 G = 1, 2 and 4 in 0.76-0.79, 0.77-0.79 and 0.88-0.91 of the
  * time, float16 G = 1 and 2 in 0.87-0.90 and 0.91-0.92; float16 G = 4 0.99-1.01 and
