@@ -32,17 +32,9 @@
  */
 #include "_fused.h"
 
-/* How the sweep asks for lines ahead (_fused.h's ASK_*), set at import: ASK_TWICE on AMD's
- * cores, ASK_NONE32 on an Emerald Rapids Xeon, ASK_NONE on the others, unless asking(name)
- * pinned it (asking_as; ASK_AUTO: not).
- * The second request: on the Xeon it took 5-6% off float16 G = 1 and float32 G = 4 and
- * cost nothing elsewhere; on a Zen 4 it cost 2-25% at G = 1 and 4 on 2026-12-04 (a test
- * per line then, and other loops), and on 2026-12-07 it paid at float32 G = 2 and 4 and
- * float16 G = 1 and 2 (_sweep.h). No request in the groups of fewest flops per byte: on a
- * Sapphire Rapids Xeon that took 0.76-0.92 of the time at float32 G = 1 to 4 and float16
- * G = 1 and 2 (2026-12-07); on a Zen 4 it cost 6-33% at float32 G = 1; on an Emerald
- * Rapids it paid only at float32 G = 1 and 2, and cost 7-25% at float32 G = 4 and float16
- * G = 1 and 2 (_sweep.h). */
+/* How the sweep asks for lines ahead (_fused.h's ASK_*), set at import as auto_asking says
+ * for this core, unless asking(name) pinned it (asking_as; ASK_AUTO: not). What each way
+ * gained on which core: _sweep.h. */
 int asking = ASK_NONE;
 #define ASK_AUTO (-1)
 static int asking_as = ASK_AUTO;
@@ -383,11 +375,8 @@ static PyObject *use(PyObject *self, PyObject *arg) {
     return PyUnicode_FromString(chosen_name());
 }
 
-/* asking(name): how the sweep asks for lines ahead (_sweep.h): "auto" as auto_asking says
- * for this core, "once" every line once (AMD's before 2026-12-07), "twice" twice below
- * AGAIN_FPB flops per byte (AMD's cores; Intel's before 2026-12-07), "none" none below
- * NOASK_FPB and twice below AGAIN_FPB (Intel's but the Emerald Rapids), "none32" as none, but none only in the
- * float32 groups below NOASK_FPB / 2 (the Emerald Rapids). ASKING_NAMES in ASK_* order. */
+/* The names asking(name) takes besides "auto", in _fused.h's ASK_* order (the ways: there
+ * and in the method table). */
 static const char *const ASKING_NAMES[] = {"once", "twice", "none", "none32"};
 #define N_ASKING ((int)(sizeof ASKING_NAMES / sizeof *ASKING_NAMES))
 

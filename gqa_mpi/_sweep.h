@@ -6,7 +6,7 @@
  * and F16C conversions of float16), ACC (vector accumulators the loops may keep in
  * registers), ROWS_PASS (rows per pass over what is in L1; below), AGAIN_FPB (groups
  * with fewer flops per byte of K and V than this ask for each line twice; see below),
- * TWICE_FPB (optional, 0 if not defined: but not those with fewer than this),
+ * TWICE_FPB (but not those with fewer than this),
  * NOASK_FPB (groups with fewer than this ask for none, where `asking` is ASK_NONE, and the
  * float32 groups with fewer than half of it, where it is ASK_NONE32; below),
  * JB_FEW (rows of V per step of P @ V for groups of 4 rows of float32; JB for the rest)
@@ -77,9 +77,6 @@
 #define CAT(a, b) CAT_(a, b)
 #define NAME(x) CAT(x, SUFFIX)
 #define FPB(RB, HALF) (2 * (RB) / ((HALF) ? 2 : 4))   /* flops per byte of K and V */
-#ifndef TWICE_FPB
-#define TWICE_FPB 0
-#endif
 
 /* How often a group of rb rows asks for each line of K and V: 0, 1 or 2 (see above). */
 GQA_HIDDEN int NAME(asks)(int rb, int half) {

@@ -9,6 +9,7 @@
 #define ROWS_PASS 4
 #define NOASK_FPB 2
 #define AGAIN_FPB 4
+#define TWICE_FPB 0
 #define JB_FEW 16
 #include "_sweep.h"
 #else

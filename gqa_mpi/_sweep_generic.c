@@ -7,5 +7,6 @@
 #define ROWS_PASS 8
 #define NOASK_FPB 0
 #define AGAIN_FPB 8
+#define TWICE_FPB 0
 #define JB_FEW JB
 #include "_sweep.h"

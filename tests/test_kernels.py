@@ -124,8 +124,9 @@ def test_asking_changes_how_lines_are_asked_for_and_never_the_results(isa, dtype
     """'once' asks for every line once; 'twice' (AMD's cores) twice in groups with fewer
     flops per byte than the path's AGAIN_FPB and at least TWICE_FPB; 'none' (Intel's
     cores) as 'twice', but none below NOASK_FPB (AVX-512: 4, 4 and 1, AVX2: 2, 4 and 0,
-    portable C: 0, 8 and 0, in flops per byte, 2 G / element size, rounded down); 'none32' (an Emerald Rapids) as 'twice', but none in the
-    float32 groups below NOASK_FPB / 2. The sweep's results are the same bit for bit."""
+    portable C: 0, 8 and 0, in flops per byte, 2 G / element size, rounded down);
+    'none32' (an Emerald Rapids) as 'twice', but none in the float32 groups below
+    NOASK_FPB / 2. The sweep's results are the same bit for bit."""
     rng = np.random.default_rng(11)
     k, v = (rng.standard_normal((1, 2000, 2 * 64)).astype(np.float32) for _ in "kv")
     noask, again, least = {"avx512": (4, 4, 1), "avx2": (2, 4, 0), "generic": (0, 8, 0)}[isa]

@@ -10,8 +10,8 @@ The portable C path is left out unless asked for: it is the correct fallback, no
 contender. With ``heads`` > 1 the default also runs sweeping that many KV heads at
 once (``auto_xN``): the same results, with more streams of K and V in flight. With
 ``asking`` the default also runs with the sweep's asking for lines ahead pinned to each
-way given (``auto_once``, ``auto_twice``, ``auto_none``, ``auto_none32``; ``_fused.asking``): the same
-results, an A/B of the prefetch against this core's default in one run.
+way given (``auto_<way>``; ``_fused.asking``, ``_fused.ASKINGS``): the same results, an
+A/B of the prefetch against this core's default in one run.
 """
 from __future__ import annotations
 
