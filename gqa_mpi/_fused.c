@@ -329,6 +329,33 @@ static int auto_asking(void) {
     return ASK_NONE;
 }
 
+/* Intel's cores take 8 rows at two vectors of tokens (_fused.h's wide8); AMD's at one. On a
+ * Sapphire Rapids (instance O, 2026-12-07, a scratch build interleaved with the one vector of
+ * the day, three processes) the loops alone took 0.88-0.89 of the time at float16 G = 8 and
+ * 0.97-0.98 at float32 G = 8, from memory 0.96-0.98 at float16; on a Zen 4 it cost 4% at
+ * float16 G = 8 from memory. Set at import; wide8(n) pins it, wide8(-1) sets it back. */
+int wide8 = 0;
+
+static int auto_wide8(void) {
+#ifdef GQA_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_is("intel");
+#else
+    return 0;
+#endif
+}
+
+static PyObject *wide8_method(PyObject *self, PyObject *args) {
+    int n = -2;
+    if (!PyArg_ParseTuple(args, "|i", &n)) return NULL;
+    if (n < -2 || n > 1) {
+        PyErr_Format(PyExc_ValueError, "wide8 takes 1, 0 or -1 (this core's default), not %d", n);
+        return NULL;
+    }
+    if (n != -2) wide8 = n == -1 ? auto_wide8() : n;
+    return PyLong_FromLong(wide8);
+}
+
 /* Set `asking` as asking_as says, or by default as auto_asking. */
 static void apply_asking(void) { asking = asking_as != ASK_AUTO ? asking_as : auto_asking(); }
 
@@ -486,6 +513,10 @@ static PyMethodDef methods[] = {
     {"asking_way", asking_way, METH_NOARGS,
      "asking_way(): the way the sweep asks for lines ahead now: the pin, or what 'auto' "
      "chose for this core (once, twice, none or none32)"},
+    {"wide8", wide8_method, METH_VARARGS,
+     "wide8([n]): whether the AVX-512 sweep's groups of 8 rows take two vectors of tokens "
+     "per step of the scores (1) or one (0), after pinning n if given (-1: this core's "
+     "default, 1 on Intel's cores), for benchmarks and tests: the results do not change"},
     {"asks", asks, METH_VARARGS,
      "asks(R, half): how often a sweep of R rows per KV head (float16 K and V where half is "
      "true) asks for each line of K and V ahead of its loops now: 0 (the core's own "
@@ -507,6 +538,7 @@ PyMODINIT_FUNC PyInit__fused(void) {
     if (set_asking(as && *as ? as : "auto") < 0)
         return PyErr_Format(PyExc_ImportError, "GQA_MPI_ASKING=%s is not one of %s", as,
                             asking_choices());
+    wide8 = auto_wide8();
     PyObject *mod = PyModule_Create(&module), *ways = PyTuple_New(N_ASKING);
     for (int n = 0; ways && n < N_ASKING; n++) {
         PyObject *name = PyUnicode_FromString(ASKING_NAMES[n]);

@@ -59,6 +59,12 @@
 enum { ASK_ONCE, ASK_TWICE, ASK_NONE, ASK_NONE32 };
 extern GQA_HIDDEN int asking;
 
+/* Whether the AVX-512 sweep's groups of 8 rows take two vectors of tokens per step of the
+ * scores (16 accumulators) in place of one (8): on Intel's cores, whose two FMA ports and
+ * two vector loads a cycle leave the 8 broadcasts of one vector load-bound. Set by _fused.c
+ * (see there); the results are the same, bit for bit. */
+extern GQA_HIDDEN int wide8;
+
 /* One sweep call (_sweep.h's sweep_head), one overlap probe (_stream.h's stream) and the
  * sweep's asking (_sweep.h's asks): the functions' types, each path's three declared by
  * them, and the pointers of _fused.c's table of paths. */

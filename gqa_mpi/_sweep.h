@@ -387,9 +387,15 @@ GQA_HIDDEN void NAME(sweep_head)(const float *q, const void *k, const void *v, i
 #define RSS(RB) (RB > ROWS_PASS ? ROWS_PASS : RB)
 #define UBS(RB) (RSS(RB) == 8 ? 1 : (ACC / RSS(RB)) < SUB / VL ? (ACC / RSS(RB)) : SUB / VL)
 #define WS(RB) ((ACC / RSS(RB)) > 8 ? 8 : (ACC / RSS(RB)))
-#define BLOCK_ROWS_TW(RB, HALF, TW, AH) NAME(block_rows)(RB, RSS(RB), UBS(RB), WS(RB), HALF, \
+#define BLOCK_ROWS_UB(RB, UB, HALF, TW, AH) NAME(block_rows)(RB, RSS(RB), UB, WS(RB), HALF, \
                                                          TW, qr, kb, vb, d, s0, s1, cut, mr, \
                                                          lr, Or, sc, r0 ? 0 : (AH), again)
+/* 8 rows in one pass (AVX-512) take two vectors of tokens a step where wide8 says so */
+#define BLOCK_ROWS_TW(RB, HALF, TW, AH) do {                                  \
+                    if (VL == 16 && RSS(RB) == 8 && wide8)                    \
+                        BLOCK_ROWS_UB(RB, RSS(RB) == 8 ? 2 : UBS(RB), HALF, TW, AH); \
+                    else BLOCK_ROWS_UB(RB, UBS(RB), HALF, TW, AH);            \
+                } while (0)
 #define BLOCK_ROWS(RB, HALF) do {                                       \
                     const int n_ask = NAME(asks)(RB, HALF);             \
                     if (n_ask == 2) BLOCK_ROWS_TW(RB, HALF, 1, ahead);  \
@@ -405,6 +411,7 @@ GQA_HIDDEN void NAME(sweep_head)(const float *q, const void *k, const void *v, i
 #undef BY_ROWS
 #undef BLOCK_ROWS
 #undef BLOCK_ROWS_TW
+#undef BLOCK_ROWS_UB
 #undef WS
 #undef UBS
 #undef RSS

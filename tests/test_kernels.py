@@ -174,6 +174,37 @@ def test_the_default_asking_follows_the_cpu_that_proc_cpuinfo_names():
     assert kernels.asking() == want
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_eight_rows_at_two_vectors_of_tokens_give_the_same_results(isa, dtype):
+    """wide8 (Intel's cores) has AVX-512's groups of 8 rows take two vectors of tokens per
+    step of the scores: each score is the same sum in the same order, so the sweep's
+    results are the same bit for bit, with a causal mask and blocks of an odd number of
+    vectors; and it is Intel's default, read independently from /proc/cpuinfo."""
+    rng = np.random.default_rng(12)
+    k, v = (rng.standard_normal((1, 1000, 2 * 64)).astype(np.float32) for _ in "kv")
+    try:
+        for G in (8, 9, 16):
+            q = rng.standard_normal((1, 3, 2 * G * 64)).astype(np.float32)
+            kw = dict(h_kv=2, d=64, tile=384, dtype=dtype, causal=True, start=40, S_kv=1043)
+            outs = []
+            for w in (0, 1):
+                assert fused.wide8(w) == w
+                outs.append(run(kernels.FusedKernel, q, k, v, **kw)[1])
+            for a, b in zip(*outs):
+                np.testing.assert_array_equal(a, b)
+    finally:
+        fused.wide8(-1)
+    with pytest.raises(ValueError, match="wide8 takes"):
+        fused.wide8(2)
+    try:
+        vendor = [line.partition(":")[2].strip() for line in open("/proc/cpuinfo")
+                  if line.startswith("vendor_id")][:1]
+    except OSError:
+        vendor = []
+    if vendor:
+        assert fused.wide8() == (vendor[0] == "GenuineIntel")
+
+
 @pytest.mark.parametrize("pin, value, says", [
     ("GQA_MPI_ISA", "AVX2", "GQA_MPI_ISA=AVX2 is not one of auto, avx512, avx2, generic"),
     ("GQA_MPI_ASKING", "noen",
