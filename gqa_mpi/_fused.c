@@ -332,8 +332,10 @@ static int auto_asking(void) {
 /* Intel's cores take 8 rows at two vectors of tokens (_fused.h's wide8); AMD's at one. On a
  * Sapphire Rapids (instance O, 2026-12-07, a scratch build interleaved with the one vector of
  * the day, three processes) the loops alone took 0.88-0.89 of the time at float16 G = 8 and
- * 0.97-0.98 at float32 G = 8, from memory 0.96-0.98 at float16; on a Zen 4 it cost 4% at
- * float16 G = 8 from memory. Set at import; wide8(n) pins it, wide8(-1) sets it back. */
+ * 0.97-0.98 at float32 G = 8, from memory 0.96-0.98 at float16; on an Emerald Rapids
+ * (instance S, three processes) from memory 0.97-0.99 at float16 G = 8, 0.99-1.02 at float32;
+ * on a Zen 4 it cost 3-4% at float16 G = 8. Set at import; wide8(n) pins it, wide8(-1) sets
+ * it back. */
 int wide8 = 0;
 
 static int auto_wide8(void) {
