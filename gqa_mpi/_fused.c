@@ -348,13 +348,13 @@ static int auto_wide8(void) {
 }
 
 static PyObject *wide8_method(PyObject *self, PyObject *args) {
-    int n = -2;
+    int n = 0, given = PyTuple_GET_SIZE(args) > 0;
     if (!PyArg_ParseTuple(args, "|i", &n)) return NULL;
-    if (n < -2 || n > 1) {
+    if (given && (n < -1 || n > 1)) {
         PyErr_Format(PyExc_ValueError, "wide8 takes 1, 0 or -1 (this core's default), not %d", n);
         return NULL;
     }
-    if (n != -2) wide8 = n == -1 ? auto_wide8() : n;
+    if (given) wide8 = n == -1 ? auto_wide8() : n;
     return PyLong_FromLong(wide8);
 }
 
