@@ -33,9 +33,9 @@ class BuildExt(build_ext):
 HERE = "gqa_mpi/"
 setup(cmdclass={"build_ext": BuildExt}, ext_modules=[Extension(
     "gqa_mpi._fused",
-    # the longest units first (8-9 s each for AVX-512 and the portable C here, 7 for AVX2)
+    # the longest units first
     sources=[HERE + f for f in ("_sweep_avx512.c", "_sweep_generic.c", "_sweep_avx2.c", "_fused.c")],
-    depends=[HERE + f for f in ("_fused.h", "_sweep.h", "_stream.h")],
-    # -g0: Python's CFLAGS ask for debug info, which took a quarter of the compile (21.8
-    # against 16.2 s here) and changes no instruction of the kernel
+    depends=[HERE + f for f in ("_fused.h", "_simd.h", "_sweep.h")],
+    # -g0: Python's CFLAGS ask for debug info, a quarter of the compile's time, and it
+    # changes no instruction of the kernel
     extra_compile_args=["-O3", "-g0", "-std=gnu11", "-Wno-unused-function"], optional=True)])

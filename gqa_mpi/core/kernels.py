@@ -57,31 +57,10 @@ def aligned(shape, dtype, zero: bool = False) -> np.ndarray:
 
 
 def isa() -> str:
-    """The instruction set the fused kernel runs on here, or 'none': 'avx512', 'avx2',
-    'generic', or on a Zen 4 'avx512+avx2' (the AVX2 loops for the groups of rows they
-    sweep faster there; ``_fused.c``). ``GQA_MPI_ISA`` pins one."""
+    """The instruction set the fused kernel runs on here ('avx512', 'avx2', 'generic'),
+    or 'none' where it is not built. On an AVX-512 CPU with AVX2, a sweep whose groups of
+    rows wait on memory (fewer than 4 flops per byte of K and V) runs on AVX2."""
     return _fused.isa() if _fused is not None else "none"
-
-
-def asking() -> Optional[str]:
-    """How the fused kernel asks for lines of K and V ahead: 'twice' (AMD's cores), 'none32'
-    (an Emerald Rapids Xeon), 'none' (other cores), or the way ``GQA_MPI_ASKING`` pins
-    (``_fused.c``; :func:`asks` per group of rows); None where it is not built."""
-    return _fused.asking_way() if _fused is not None else None
-
-
-def askings() -> Tuple[str, ...]:
-    """The ways :func:`asking` may be pinned to (``GQA_MPI_ASKING``, ``_fused.asking``),
-    besides 'auto'; none where the fused kernel is not built."""
-    return _fused.ASKINGS if _fused is not None else ()
-
-
-def asks(rows: int, dtype) -> Optional[int]:
-    """How often the fused kernel asks for each line of K and V ahead of its loops, for
-    ``rows`` query rows per KV head with K and V of ``dtype``: 0 (the core's own
-    prefetcher streams them: groups with few flops per byte, not on AMD cores), 1, or 2
-    (where memory binds, not on AMD cores); None where it is not built."""
-    return _fused.asks(rows, np.dtype(dtype) == np.float16) if _fused is not None else None
 
 
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:
@@ -155,14 +134,10 @@ class FusedKernel:
     @staticmethod
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
               tile: int = 1024, start: int = 0, causal_limit: Optional[np.ndarray] = None,
-              on_tile: Optional[Callable] = None, count: Optional[int] = None,
-              wrap: int = 0) -> Partial:
+              on_tile: Optional[Callable] = None, count: Optional[int] = None) -> Partial:
         """Same contract as :func:`gqa_mpi.core.attention.local_attention`; ``k`` in the
         :func:`key_blocks` layout, ``v`` resident, both float32 or both float16; only
-        the first ``count`` tokens (all by default) are swept. ``wrap`` is for timing
-        only (the bench's in-cache column): every block reads the K and V of the first
-        ``wrap`` tokens again, with no prefetch (see ``_fused.c``); its result is not
-        the slice's attention."""
+        the first ``count`` tokens (all by default) are swept."""
         B, h_kv, R, d = q.shape
         S_local = v.shape[2] if count is None else count
         tile = max(1, min(tile, S_local))   # the kernel's scratch is sized by the tile
@@ -173,10 +148,8 @@ class FusedKernel:
             row_hi = np.clip(np.asarray(causal_limit, dtype=np.int64) - start + 1,
                              0, S_local).astype(np.int64)
         if on_tile is None:
-            _fused.sweep(qs, k, v, p.m, p.l, p.O, 0, S_local, tile, row_hi, wrap)
+            _fused.sweep(qs, k, v, p.m, p.l, p.O, 0, S_local, tile, row_hi)
             return p
-        if wrap:
-            raise ValueError("wrap times one whole sweep: it takes no on_tile")
         for s0 in range(0, S_local, tile):
             s1 = min(s0 + tile, S_local)
             t0 = time.perf_counter()

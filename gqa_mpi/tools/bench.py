@@ -7,10 +7,8 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
 - ``local``: both local kernels (the fused C kernel and the NumPy reference sweep) against the
   limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
   both measured here, for float32 and float16 resident K/V (each with its own read
-  time, the fastest of every way :mod:`gqa_mpi.tools.reads` has, printed beside the
-  old limit's NumPy read), and the fused sweep over the limit again with that read timed
-  just before each of its runs (``paired``); with the scratch high-water mark of the
-  sweep (flat in S_local);
+  time, the fastest way :mod:`gqa_mpi.tools.reads` has); with the scratch high-water
+  mark of the sweep (flat in S_local);
 - a naive NumPy attention (no tiling) and, when PyTorch is installed, PyTorch SDPA in
   float32 with the query groups folded into the query axis and with ``enable_gqa``,
   each as its time over ours (above 1: we are faster);
@@ -21,10 +19,6 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   of a read probe on as many processes, the fastest way it has), for ``chain`` and ``allgather``, float32
   and float16 K/V, with what explains the gap (the slowest sweep, the skew between
   sweeps, what the reduction adds);
-- ``overlap``: whether this core hides a stream's reads under its flops at all, on a loop
-  far simpler than the sweep (:mod:`gqa_mpi.tools.overlap`): what the sweep can hope for;
-- ``paths``: the fused sweep on each instruction-set path this CPU has, in turn, each
-  over the default (:mod:`gqa_mpi.tools.paths`): whether the default picks the fastest;
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
   sweep of the same float16 tiles, per launch;
 - ``predict FILE --profile P``: the step ``--predict P`` predicts against the step
@@ -32,6 +26,7 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   SPEC's cost model describes this machine).
 
 With no subcommand it runs ``local``, ``reduce`` and ``startup`` with their defaults.
+Each table prints a line as it starts, and each launch or size as it goes.
 
 Absolute times mean little on a shared or oversubscribed machine; the ratios are the
 result. Run it on idle cores.
@@ -56,7 +51,7 @@ import numpy as np  # noqa: E402
 
 from ..core import kernels  # noqa: E402
 from ..core.attention import fold_queries, local_attention  # noqa: E402
-from . import overlap, paths, reads  # noqa: E402
+from . import reads  # noqa: E402
 from .launcher import gqa_command, mpirun_command, plain, run_bounded  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
@@ -112,14 +107,11 @@ def torch_baselines(q, k, v, G, repeats, gqa_limit_bytes):
 
 
 def read_time(arrays, repeats: int) -> Dict:
-    """The time to stream every byte of ``arrays`` once, the fastest way this machine
-    has (:mod:`gqa_mpi.tools.reads`), with the way and the old limit's time."""
-    return reads.fastest({name: best_of(fn, repeats) for name, fn in reads.ways(arrays).items()})
-
-
-CACHED = 256
-"""Tokens of each head the in-cache sweep reads again and again: 256 KiB of float32 K
-and V at d = 128, within a core's L2."""
+    """``{read_s, read_way}``: the time to stream every byte of ``arrays`` once, the
+    fastest way :mod:`gqa_mpi.tools.reads` has, and which way that was."""
+    times = {name: best_of(fn, repeats) for name, fn in reads.ways(arrays).items()}
+    way = min(times, key=times.get)
+    return dict(read_s=times[way], read_way=way)
 
 
 def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: int,
@@ -131,6 +123,7 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
     fused = kernels.FusedKernel if kernels.FUSED_ERROR is None else None
     rows = []
     for S in tokens:
+        _progress(f"local: S_local {S}")
         k_rows, v_rows = (rng.standard_normal((1, S, h_kv * d), dtype=np.float32)
                           for _ in "kv")
         for dtype in ("float32", "float16"):
@@ -138,9 +131,7 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
             held = {kern.name: kernels.make_resident(kern, lambda n, i, j: src[n][:, i:j],
                                                      S, 1, h_kv, d, np.dtype(dtype))
                     for kern in (kernels.NumpyKernel, fused) if kern is not None}
-            arrays = held.get("fused", held["numpy"])
-            read = read_time(arrays, repeats)
-            read_again = reads.ways(arrays)[read["read_way"]]   # timed again beside each sweep
+            read = read_time(held.get("fused", held["numpy"]), repeats)
             for G in groups:
                 q = fold_queries(rng.standard_normal((1, 1, h_kv * G * d), dtype=np.float32),
                                  h_kv, d)
@@ -148,7 +139,6 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                 flop = 4 * S * h_kv * G * d / rate
                 limit = max(read["read_s"], flop)
                 base = dict(G=G, S_local=S, kv_dtype=dtype, flop_s=flop, limit_s=limit,
-                            old_limit_s=max(read["read_old_s"], flop),
                             sgemm_gflops=rate / 1e9, **read)
                 baselines = {}
                 if dtype == "float32":
@@ -166,24 +156,9 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                         tracemalloc.stop()
                         if name == "fused":
                             scratch += kernels.FusedKernel.scratch_bytes(G, d)
-                        run = lambda: sweep(q, k, v, scale=scale, tile=tile)  # noqa: E731
-                        if name == "fused":   # each run just after a read of the same bytes
-                            pairs = [(best_of(read_again, 1), best_of(run, 1))
-                                     for _ in range(repeats)]
-                            t = min(s for _, s in pairs)
-                            row["fused_paired_over_limit"] = min(
-                                s / max(r, flop) for r, s in pairs)
-                        else:
-                            t = best_of(run, repeats)
+                        t = best_of(lambda: sweep(q, k, v, scale=scale, tile=tile), repeats)
                         row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
-                                    f"{name}_over_old_limit": t / row["old_limit_s"],
                                     f"{name}_scratch_bytes": scratch})
-                    if "fused" in held:
-                        row["fused_asks"] = kernels.asks(G, dtype)
-                    if "fused" in held and S >= CACHED + 128:
-                        k, v = held["fused"]
-                        row["fused_cached_s"] = best_of(lambda: kernels.FusedKernel.sweep(
-                            q, k, v, scale=scale, tile=tile, wrap=CACHED), repeats)
                     ours = row.get("fused_s", row["numpy_s"])
                     for name, bt in baselines.items():
                         row[f"{name}_s"] = bt
@@ -202,6 +177,8 @@ def reduction_table(ranks: List[int], tokens_per_rank: List[int], steps: int, ti
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n, per_rank in ((n, t) for n in ranks for t in tokens_per_rank):
+            _progress(f"reduce: {n} rank(s), {per_rank} tokens per rank, "
+                      f"{len(combos)} launch(es)")
             for schedule, wire in combos:
                 path = os.path.join(tmp, f"{n}-{schedule}-{wire}.json")
                 cmd = gqa_command(n, ["--seq-len", str(per_rank * n), "--reduce", schedule,
@@ -229,7 +206,7 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
     """Real launches: the loop's step at rank 0 (its step times summed over the steps,
     over the steps) against the host's read limit, the K and V bytes all ranks hold
     over the bandwidth of a read probe on as many processes, launched just before
-    (:mod:`gqa_mpi.tools.readprobe`); per rank count, K/V dtype, G and schedule.
+    (:mod:`gqa_mpi.tools.reads`); per rank count, K/V dtype, G and schedule.
 
     With it, what explains a step above the limit: the slowest rank's sweep over the
     limit (contention and the kernel), the skew between the ranks' sweeps, and what
@@ -239,8 +216,9 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
         for n in ranks:
             for dtype in dtypes:
                 row_bytes = h_kv * d * (2 if dtype == "float16" else 4) * 2     # K and V
+                _progress(f"step: {n} rank(s), {dtype} K/V: the read probe, then the runs")
                 probe = _launch(mpirun_command(n, [sys.executable, "-m",
-                                                   "gqa_mpi.tools.readprobe",
+                                                   "gqa_mpi.tools.reads",
                                                    str(per_rank * row_bytes), "--repeats",
                                                    str(max(3, repeats))]), timeout)
                 if probe.returncode != 0:
@@ -257,17 +235,16 @@ def step_table(ranks: List[int], per_rank: int, groups: List[int], dtypes: List[
                             "--kv-dtype", dtype, "--reduce", schedule, "--steps", str(steps),
                             "--no-check", "--quiet", "--json", path]), timeout)
                         head = dict(ranks=n, kv_dtype=dtype, G=G, reduce=schedule,
-                                    read_gbs=bandwidth / 1e9, read_way=probed["way"],
-                                    old_read_gbs=probed["old_bandwidth"] / 1e9)
+                                    read_gbs=bandwidth / 1e9, read_way=probed["way"])
                         if proc.returncode != 0:
                             rows.append(dict(head, error=_why(proc)))
                             continue
                         rows.append(dict(head, **_step_row(RunRecord.load(path), row_bytes,
-                                                           bandwidth, probed["old_bandwidth"])))
+                                                           bandwidth)))
     return rows
 
 
-def _step_row(rec: RunRecord, row_bytes: int, bandwidth: float, old_bandwidth: float) -> Dict:
+def _step_row(rec: RunRecord, row_bytes: int, bandwidth: float) -> Dict:
     """The figures of one launch of :func:`step_table`."""
     mine = rec.ranks[0].step_seconds()
     step = float(np.sum(mine) / len(mine))
@@ -276,7 +253,6 @@ def _step_row(rec: RunRecord, row_bytes: int, bandwidth: float, old_bandwidth: f
     sweeps = np.array([[st.get("local_attention", 0.0) for st in r.steps] for r in rec.ranks])
     local = float(np.median(sweeps.max(axis=0)))
     return dict(step_s=step, limit_s=limit, step_over_limit=step / limit,
-                step_over_old_limit=step / (held / old_bandwidth),
                 local_over_limit=local / limit,
                 skew_s=float(np.median(sweeps.max(axis=0) - sweeps.min(axis=0))),
                 beyond_s=float(np.median(rec.beyond_local())))
@@ -292,6 +268,7 @@ def source_table(source: str, ranks: List[int], per_rank: int, group: int, d: in
               "--no-check", "--quiet"]
     with tempfile.TemporaryDirectory() as tmp:
         for n in ranks:
+            _progress(f"source: {n} rank(s), {repeats} x 2 launches")
             seq = ["--seq-len", str(per_rank * n)]
             for rep in range(repeats):
                 times = {}
@@ -319,6 +296,7 @@ def predict_table(source: str, profile: str, ranks: List[int], per_rank: int, gr
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for n in ranks:
+            _progress(f"predict: {n} rank(s), {repeats} launch(es)")
             for rep in range(repeats):
                 path = os.path.join(tmp, f"p-{n}-{rep}.json")
                 proc = _launch(gqa_command(n, [
@@ -411,46 +389,24 @@ def print_tables(result: Dict) -> None:
     local = result.get("local")
     if local:
         print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
-              f"fused kernel: {result['isa']}"
-              f"{', asking ' + result['asking'] if result.get('asking') else ''}; peak sgemm "
-              f"{local[0]['sgemm_gflops']:.0f} GFLOP/s")
+              f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} GFLOP/s")
         print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
-              "dtype; the read is the\n  fastest way this machine has (read way: numpy.sum, "
-              "numpy.dot, sgemv, torch.sum, C); 'numpy read'\n  is the fastest of numpy.sum and "
-              "numpy.dot (the limit before) and fused/old its ratio;\n  cached ms: the same sweep "
-              f"with K and V in cache (each head's first {CACHED} tokens read\n  over and "
-              "over, no prefetch): what the loops cost without the memory. fused ms near it: "
-              "the\n  flops bind; near read ms: the memory; above both: the two do not "
-              "overlap\n  asks: how often the sweep asked for each line of K and V ahead "
-              "(0: it left them to the\n  core's own prefetcher)\n  paired: the best of each "
-              "fused run over the limit with the read timed again just before it\n  (a slow "
-              "spell that hits both moves it less than fused/limit)\n  X/limit: 1.0 is the "
-              "limit, lower is impossible, higher is slower; torch/ours: above 1 we are faster")
+              "dtype; the read is the\n  fastest way NumPy, BLAS and PyTorch have (read way: "
+              "numpy.sum, numpy.dot, sgemv, torch.sum)\n  X/limit: 1.0 is the limit, lower is "
+              "impossible, higher is slower; torch/ours: above 1 we are faster")
         extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
-        head = (f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} "
-                f"{'read way':>9} {'numpy read':>10} {'flop ms':>8} {'fused ms':>9} "
-                f"{'cached ms':>9} {'asks':>4} "
-                f"{'fused/limit':>11} {'paired':>6} {'fused/old':>9} {'numpy ms':>9} "
-                f"{'numpy/limit':>11} "
-                f"{'scratch KiB':>11}  " + "  ".join(f"{e + '/ours':>17}" for e in extra))
-        print(head)
+        print(f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} {'read way':>9} "
+              f"{'flop ms':>8} {'fused ms':>9} {'fused/limit':>11} {'numpy ms':>9} "
+              f"{'numpy/limit':>11} {'scratch KiB':>11}  "
+              + "  ".join(f"{e + '/ours':>17}" for e in extra))
         nan = float("nan")
         for r in local:
             print(f"{r['G']:>2} {r['S_local']:>8} {r['kv_dtype']:>7} {r['tile']:>5} "
-                  f"{r['read_s'] * 1e3:>8.2f} {reads.short(r['read_way']):>9} "
-                  f"{r['read_old_s'] * 1e3:>10.2f} {r['flop_s'] * 1e3:>8.2f} "
-                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_cached_s', nan) * 1e3:>9.2f} "
-                  f"{r.get('fused_asks', '-'):>4} "
-                  f"{r.get('fused_over_limit', nan):>11.2f} "
-                  f"{r.get('fused_paired_over_limit', nan):>6.2f} "
-                  f"{r.get('fused_over_old_limit', nan):>9.2f} "
+                  f"{r['read_s'] * 1e3:>8.2f} {r['read_way']:>9} {r['flop_s'] * 1e3:>8.2f} "
+                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_over_limit', nan):>11.2f} "
                   f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
                   f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
                   + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
-    if result.get("overlap"):
-        overlap.print_overlap(result["overlap"], result["isa"])
-    if result.get("paths"):
-        paths.print_paths(result["paths"])
     if result.get("reduction"):
         print("\nreduction from real mpirun launches, median step: 'reduce' is the step "
               "time beyond the slowest\nlocal sweep (what the reduction adds); 'local' "
@@ -472,24 +428,21 @@ def print_tables(result: Dict) -> None:
               f"{result['step_tokens']} tokens per rank, h_kv={result['h_kv']} "
               f"d={result['d']}:\n  limit = the K and V bytes all ranks hold / the read "
               f"bandwidth of a probe on as many processes, the\n  fastest way it has (read "
-              f"way); 'old GB/s' is NumPy's sum and dot alone (the limit before), 'step/old'\n"
-              f"  the step over that; step = rank 0's step, the mean over the loop; local = the "
+              f"way); step = rank 0's step, the mean over the loop; local = the "
               f"slowest rank's\n  sweep; skew = slowest - fastest sweep; beyond = what the "
               f"reduction adds after the slowest sweep\n  (medians over the steps)")
-        print(f"{'ranks':>5} {'read GB/s':>9} {'read way':>9} {'old GB/s':>8} {'K/V':>7} "
+        print(f"{'ranks':>5} {'read GB/s':>9} {'read way':>9} {'K/V':>7} "
               f"{'G':>2} {'reduce':>9} {'step ms':>8} {'limit ms':>8} {'step/limit':>10} "
-              f"{'step/old':>8} {'local/limit':>11} {'skew ms':>7} {'beyond ms':>9}")
+              f"{'local/limit':>11} {'skew ms':>7} {'beyond ms':>9}")
         for r in result["step"]:
             head = (f"{r['ranks']:>5} {r.get('read_gbs', float('nan')):>9.1f} "
-                    f"{reads.short(r.get('read_way', '-')):>9} "
-                    f"{r.get('old_read_gbs', float('nan')):>8.1f} {r['kv_dtype']:>7}")
+                    f"{r.get('read_way', '-'):>9} {r['kv_dtype']:>7}")
             if "error" in r:
                 print(f"{head} {r.get('G', '-'):>2} {r.get('reduce', '-'):>9}  failed: "
                       f"{r['error']}")
                 continue
             print(f"{head} {r['G']:>2} {r['reduce']:>9} {r['step_s'] * 1e3:>8.2f} "
                   f"{r['limit_s'] * 1e3:>8.2f} {r['step_over_limit']:>10.2f} "
-                  f"{r['step_over_old_limit']:>8.2f} "
                   f"{r['local_over_limit']:>11.2f} {r['skew_s'] * 1e3:>7.2f} "
                   f"{r['beyond_s'] * 1e3:>9.2f}")
     if result.get("source"):
@@ -516,22 +469,16 @@ def print_tables(result: Dict) -> None:
 
 
 SUBCOMMANDS = {
-    "local": "the local kernels over one slice against the read/flop limit (the fused sweep "
-             "also paired with a read just before each run), the fused sweep again with K "
-             "and V in cache (its loops alone), and torch",
+    "local": "the local kernels over one slice against the read/flop limit, and torch",
     "reduce": "real launches: what each schedule and wire adds to a step",
     "step": "real launches: the whole step against the host's read limit at N ranks",
-    "overlap": "whether this core overlaps a stream's reads with its FMAs at all: the read, "
-               "the loops in cache and the two together, per G and K/V dtype",
     "source": "real launches: a kernel's own file through gqa_mpi's tl against the "
               "NumPy sweep of the same float16 tiles",
     "predict": "real launches: a kernel's predicted step (--predict PROFILE) against its "
                "measured step on this machine",
     "startup": "the import time and a tiny 16-rank run against bare imports",
-    "paths": "the fused sweep on each instruction-set path this CPU has (AVX-512, AVX2, the "
-             "default), taken in turn in each round, each over the default",
 }
-SHAPED = ("local", "step", "overlap", "paths")
+SHAPED = ("local", "step")
 """The subcommands that take ``--heads-kv`` and ``--head-dim``."""
 DEFAULT = ("local", "reduce", "startup")
 """What ``python -m gqa_mpi.bench`` with no subcommand measures."""
@@ -575,26 +522,6 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--groups", default="1,4,8", help="G = h_q / h_kv (default %(default)s)")
     a.add_argument("--torch-gqa-limit-gib", type=float, default=4.0,
                    help="skip enable_gqa when its repeated K/V would exceed this")
-    a = parsers["overlap"]
-    a.add_argument("--tokens", default="64K",
-                   help="tokens of K and V streamed, as bench local's S_local (default "
-                        "%(default)s)")
-    a.add_argument("--groups", default="1,4,8",
-                   help="G, FMAs per element: 1, 2, 4, 8 or 16 (default %(default)s)")
-    a = parsers["paths"]
-    a.add_argument("--tokens", default="64K",
-                   help="tokens of the slice, as bench local's S_local (default %(default)s)")
-    a.add_argument("--groups", default="1,2,4,8", help="G values (default %(default)s)")
-    a.add_argument("--generic", action="store_true",
-                   help="time the portable C path too (slow: it is the fallback)")
-    a.add_argument("--heads", type=int, default=1,
-                   help="also time the default sweeping this many KV heads at once, block "
-                        "by block in turn (the same results; more streams for the memory)")
-    a.add_argument("--asking", default="", metavar="WAYS",
-                   help="also time the default with the asking for lines ahead pinned, each "
-                        "of WAYS in turn: once (AMD's before 2026-12-07), twice (AMD's "
-                        "now), none (Intel's now), none32 (as none, float32 only: "
-                        "the Emerald Rapids), e.g. twice,none (the same results)")
     def launches(a, ranks: str, tokens: str, steps: bool = True) -> None:
         a.add_argument("--ranks", default=ranks, help="rank counts, e.g. 4,16 (default "
                                                       "%(default)s)")
@@ -631,8 +558,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
-             overlap=dict(tokens="1K", groups="1,8"),
-             paths=dict(tokens="1K", groups="1,4"),
              reduce=dict(ranks="2", tokens_per_rank="256", steps=1),
              step=dict(ranks="2", tokens_per_rank="1K", groups="4", steps=1),
              source=dict(ranks="1", tokens_per_rank="1K"),
@@ -650,7 +575,7 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa(), asking=kernels.asking())
+    result = dict(blas_threads=1, isa=kernels.isa())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(
@@ -669,8 +594,15 @@ def main(argv=None) -> int:
     return Exit.PASSED
 
 
+def _progress(what: str) -> None:
+    """One line on stderr as a piece of work starts: a long table is never a silent
+    minute, and stdout keeps the tables alone."""
+    print(f"bench: {what}", file=sys.stderr, flush=True)
+
+
 def _measure(what: str, a, result: Dict, cores) -> None:
     """Run one table's measurements into ``result``."""
+    _progress(f"{what}: {SUBCOMMANDS[what]}")
     if what == "local":
         result.update(h_kv=a.heads_kv, d=a.head_dim)
         result["local"] = local_table(_sizes(a.tokens), _sizes(a.tiles), _sizes(a.groups),
@@ -678,27 +610,6 @@ def _measure(what: str, a, result: Dict, cores) -> None:
                                       int(a.torch_gqa_limit_gib * 2 ** 30))
         if cores is not None:   # PyTorch's import may pin this process to one core; the
             os.sched_setaffinity(0, cores)      # launches that follow inherit it
-    elif what == "overlap":
-        if kernels.FUSED_ERROR is not None:
-            raise ValueError(f"the probe is C: {kernels.FUSED_ERROR}")
-        result.update(h_kv=a.heads_kv, d=a.head_dim)
-        result["overlap"] = overlap.overlap_table(
-            _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats, best_of,
-            lambda arrays: read_time(arrays, a.repeats)["read_s"], peak_sgemm_rate(a.repeats))
-    elif what == "paths":
-        if kernels.FUSED_ERROR is not None:
-            raise ValueError(f"the paths are the fused kernel's: {kernels.FUSED_ERROR}")
-        if not 1 <= a.heads <= 64:
-            raise ValueError(f"--heads: 1 to 64 KV heads at once, not {a.heads}")
-        asking = [w for w in a.asking.split(",") if w]
-        ways = kernels.askings()
-        bad = [w for w in asking if w not in ways]
-        if bad:
-            raise ValueError(f"--asking: {', '.join(bad)} is not one of {', '.join(ways)}")
-        result.update(h_kv=a.heads_kv, d=a.head_dim)
-        result["paths"] = paths.paths_table(
-            _sizes(a.tokens)[0], _sizes(a.groups), a.heads_kv, a.head_dim, a.repeats,
-            paths.PATHS + (("generic",) if a.generic else ()), a.heads, asking)
     elif what == "reduce":
         result["reduction"] = reduction_table(_sizes(a.ranks), _sizes(a.tokens_per_rank),
                                               a.steps, a.timeout, every_wire=not a.quick)
