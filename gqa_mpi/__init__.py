@@ -21,7 +21,7 @@ def __getattr__(name):  # MPI is initialised on first use of the API, not on imp
         from .app import decode
         return getattr(decode, name)
     if name == "Config":
-        from .core.config import Config
+        from .config.config import Config
         return Config
     if name == "RunRecord":
         from .app.record import RunRecord

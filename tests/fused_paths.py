@@ -9,7 +9,7 @@ import sysconfig
 
 import numpy as np
 
-from gqa_mpi.core import kernels
+from gqa_mpi.step import sweeps
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PACKAGE = os.path.join(HERE, os.pardir, "gqa_mpi")
@@ -64,7 +64,7 @@ class Path:
         tile = min(tile, S) if S else 1
         if not (hi > lo and R and d):
             return
-        scratch = kernels.aligned(8 * 128 + 2 * R * d + 2 * R, np.float32)
+        scratch = sweeps.aligned(8 * 128 + 2 * R * d + 2 * R, np.float32)
         a = SweepArgs(half=int(v.dtype == np.float16), R=R, d=d, lo=lo, hi=hi, tile=tile,
                       row_hi=None if row_hi is None else row_hi.ctypes.data,
                       scratch=scratch.ctypes.data)

@@ -1,16 +1,16 @@
-"""Test-only companions of :mod:`gqa_mpi.core.kernel_model`: the kernel's operands as
+"""Test-only companions of :mod:`gqa_mpi.check.kernel_model`: the kernel's operands as
 the retired ``--kernel-faithful`` mode read them, and the model folded over a whole
 cache in memory (what the streamed check computes a unit at a time)."""
 import numpy as np
 
-from gqa_mpi.core.kernel_model import (kernel_output, kernel_partial, kernel_rows,
+from gqa_mpi.check.kernel_model import (kernel_output, kernel_partial, kernel_rows,
                                        kernel_units)
-from gqa_mpi.core.reference import reference_finish, reference_merge
+from gqa_mpi.check.reference import reference_finish, reference_merge
 
 
 def kernel_operands(q: np.ndarray, k_rows: np.ndarray, v_rows: np.ndarray, *,
                     group: int, d: int, tile: int):
-    """Q, K, V of one rank as the kernel reads them, in :mod:`~gqa_mpi.core.attention` layout.
+    """Q, K, V of one rank as the kernel reads them, in :mod:`~gqa_mpi.step.attention` layout.
 
     Parameters
     ----------

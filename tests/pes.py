@@ -5,8 +5,8 @@ import threading
 
 import numpy as np
 
-from gqa_mpi.core.grid import Grid
-from gqa_mpi.core.tl import Backend, run_kernel
+from gqa_mpi.step.grid import Grid
+from gqa_mpi.dsl.tl import Backend, run_kernel
 
 
 class Mailbox:

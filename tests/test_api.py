@@ -8,8 +8,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from gqa_mpi.core.grid import Grid
-from gqa_mpi.core.schedules import SCHEDULES
+from gqa_mpi.step.grid import Grid
+from gqa_mpi.step.schedules import SCHEDULES
 from whole_reference import attention_reference
 from gqa_mpi.tools.launcher import mpirun_command
 from util import run_bounded, unregister

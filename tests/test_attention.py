@@ -4,9 +4,9 @@ import itertools
 import numpy as np
 import pytest
 
-from gqa_mpi.core.attention import (empty_partial, finalize, fold_queries, local_attention,
+from gqa_mpi.step.attention import (empty_partial, finalize, fold_queries, local_attention,
                                merge, unfold_output)
-from gqa_mpi.core.partition import token_range
+from gqa_mpi.step.partition import token_range
 from whole_reference import attention_reference
 
 from util import distributed

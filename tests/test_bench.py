@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from gqa_mpi.core.schedules import SCHEDULES
+from gqa_mpi.step.schedules import SCHEDULES
 
 
 def bench(tmp_path, *args):

@@ -12,7 +12,7 @@ import pytest
 
 import gqa_mpi
 from gqa_mpi.app.record import RunRecord
-from gqa_mpi.core import kernels
+from gqa_mpi.step import sweeps
 from whole_reference import attention_reference
 
 from util import launch, random_inputs, read_json, write_inputs
@@ -39,7 +39,7 @@ def test_default_run_reports_and_passes(tmp_path):
     assert rec.messages == 3 * 3 and len(rec.ranks) == 4
     assert rec.hosts == [rec.ranks[0].host]
     assert (rec.config.cubes, rec.config.pes) == (1, 4)
-    want = ["numpy"] if kernels.FUSED_ERROR else ["fused"]
+    want = ["numpy"] if sweeps.FUSED_ERROR else ["fused"]
     assert rec.kernels == want and rec.config.kernel == "auto"
     assert RunRecord.from_json(rec.to_json()) == rec
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from gqa_mpi.core.wires import TAGS
+from gqa_mpi.step.wires import TAGS
 from gqa_mpi.tools.launcher import mpirun, mpirun_command
 from util import run_bounded, spec_schedule
 

@@ -3,9 +3,9 @@ import argparse
 
 import pytest
 
-from gqa_mpi.core import loop
+from gqa_mpi.config import loop
 from gqa_mpi.app.options import add_arguments
-from gqa_mpi.core.config import Config, default_topology
+from gqa_mpi.config.config import Config, default_topology
 
 
 @pytest.mark.parametrize("world,expect", [(1, (1, 1)), (16, (2, 8)), (12, (2, 6)),

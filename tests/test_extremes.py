@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from gqa_mpi.core.attention import merge
+from gqa_mpi.step.attention import merge
 from whole_reference import attention_reference
 from gqa_mpi.app.record import RunRecord
 

@@ -4,8 +4,8 @@ import os
 import numpy as np
 import pytest
 
-from gqa_mpi.core import inputs
-from gqa_mpi.core.inputs import InputError, inspect_inputs
+from gqa_mpi.config import inputs
+from gqa_mpi.config.inputs import InputError, inspect_inputs
 
 from util import write_inputs
 

@@ -1,11 +1,11 @@
-"""The float64 model of the accelerator kernel (``gqa_mpi.core.kernel_model``), on its
+"""The float64 model of the accelerator kernel (``gqa_mpi.check.kernel_model``), on its
 own: against SPEC's index rules, exact attention where no defect shows, and the
 kernel's operands as the retired faithful mode swept them (no MPI)."""
 import numpy as np
 import pytest
 
-from gqa_mpi.core.attention import finalize, local_attention, merge
-from gqa_mpi.core.kernel_model import kernel_output, kernel_token_range
+from gqa_mpi.step.attention import finalize, local_attention, merge
+from gqa_mpi.check.kernel_model import kernel_output, kernel_token_range
 from whole_reference import attention_reference
 
 from kernel_model_extras import kernel_operands, kernel_reference

@@ -1,4 +1,5 @@
-"""The layout shows the layers: core (NumPy only) <- mpi <- app <- tools."""
+"""The layout shows the layers: the step's arithmetic <- the DSL <- config <- the check's
+references (all NumPy only) <- mpi <- app <- tools."""
 import ast
 import pathlib
 import subprocess
@@ -7,7 +8,8 @@ import sys
 import gqa_mpi
 
 PACKAGE = pathlib.Path(gqa_mpi.__file__).parent
-ORDER = ["core", "mpi", "app", "tools"]
+ORDER = ["step", "dsl", "config", "check", "mpi", "app", "tools"]
+NUMPY_ONLY = ["step", "dsl", "config", "check"]
 
 
 def imported_layers(path: pathlib.Path):
@@ -41,11 +43,11 @@ def test_each_layer_imports_only_the_layers_below_it():
 
 
 def test_core_loads_no_mpi():
-    code = ("import sys, gqa_mpi.core, gqa_mpi.core.attention, gqa_mpi.core.kernels, "
-            "gqa_mpi.core.schedules, gqa_mpi.core.wires, gqa_mpi.core.grid, "
-            "gqa_mpi.core.kernel_model, gqa_mpi.core.partition, gqa_mpi.core.reference, "
-            "gqa_mpi.core.inputs, gqa_mpi.core.trace, gqa_mpi.core.streamed, "
-            "gqa_mpi.core.progress; "
+    code = ("import sys, gqa_mpi.step.attention, gqa_mpi.step.sweeps, "
+            "gqa_mpi.step.schedules, gqa_mpi.step.wires, gqa_mpi.step.grid, "
+            "gqa_mpi.check.kernel_model, gqa_mpi.step.partition, gqa_mpi.check.reference, "
+            "gqa_mpi.config.inputs, gqa_mpi.step.trace, gqa_mpi.check.streamed, "
+            "gqa_mpi.app.progress; "
             "assert 'mpi4py' not in sys.modules, 'core imported mpi4py'; "
             "import gqa_mpi; assert 'mpi4py' not in sys.modules")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -65,7 +67,22 @@ def test_the_tools_start_no_mpi():
     assert proc.returncode == 0, proc.stderr
 
 
-def test_core_modules_are_numpy_only():
-    for path in (PACKAGE / "core").rglob("*.py"):
-        text = path.read_text()
-        assert "mpi4py" not in text and "from ..mpi" not in text, path
+def test_the_numpy_layers_are_numpy_only():
+    for layer in NUMPY_ONLY:
+        for path in (PACKAGE / layer).rglob("*.py"):
+            text = path.read_text()
+            assert "mpi4py" not in text and "from ..mpi" not in text, path
+
+
+def test_app_makes_no_mpi_call_of_its_own():
+    """MPI lives in mpi/: app/ imports no mpi4py and calls no communicator method; it
+    reaches MPI through mpi/'s functions with plain arguments."""
+    calls = {"Send", "Recv", "bcast", "gather", "allgather", "allreduce", "Split", "Abort",
+             "Ibarrier", "Barrier", "send", "recv"}
+    for path in (PACKAGE / "app").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+                assert not any(n.startswith("mpi4py") for n in names), path
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                assert node.func.attr not in calls, (path, node.lineno, node.func.attr)

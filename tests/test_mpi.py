@@ -13,18 +13,19 @@ import pytest
 mpi4py = pytest.importorskip("mpi4py")
 from mpi4py import MPI  # noqa: E402
 
-from gqa_mpi.core import loop
+from gqa_mpi.config import loop
 from gqa_mpi import decode  # noqa: E402
 from gqa_mpi.app.cli import build_parser  # noqa: E402
-from gqa_mpi.core.config import Config  # noqa: E402
-from gqa_mpi.core import inputs, kernels  # noqa: E402
-from gqa_mpi.core.grid import DIRECTIONS, Grid  # noqa: E402
-from gqa_mpi.core.partition import token_range  # noqa: E402
+from gqa_mpi.config.config import Config  # noqa: E402
+from gqa_mpi.config import inputs  # noqa: E402
+from gqa_mpi.step import sweeps  # noqa: E402
+from gqa_mpi.step.grid import DIRECTIONS, Grid  # noqa: E402
+from gqa_mpi.step.partition import token_range  # noqa: E402
 from whole_reference import attention_reference  # noqa: E402
-from gqa_mpi.core.attention import empty_partial, finalize  # noqa: E402
-from gqa_mpi.core.attention import merge  # noqa: E402
-from gqa_mpi.core.schedules import SCHEDULES, Collective, Schedule, Step, Traffic  # noqa: E402
-from gqa_mpi.core.wires import WIRES  # noqa: E402
+from gqa_mpi.step.attention import empty_partial, finalize  # noqa: E402
+from gqa_mpi.step.attention import merge  # noqa: E402
+from gqa_mpi.step.schedules import SCHEDULES, Collective, Schedule, Step, Traffic  # noqa: E402
+from gqa_mpi.step.wires import WIRES  # noqa: E402
 from gqa_mpi.mpi.exchange import collective, execute  # noqa: E402
 from gqa_mpi.mpi.topology import Topology  # noqa: E402
 
@@ -177,7 +178,7 @@ def test_every_schedule_is_safe_when_every_rank_is_empty(C, P):
 # the suite launcher fails on any skip: where the fused kernel was not built (no C
 # compiler at install), only the NumPy sweep is run here
 KERNEL_CASES = [(k, t) for k in ("numpy", "fused") for t in ("float32", "float16")
-                if k == "numpy" or kernels.FUSED_ERROR is None]
+                if k == "numpy" or sweeps.FUSED_ERROR is None]
 
 
 @pytest.mark.parametrize("C,P", [(2, 8), (3, 5), (1, 6)])
@@ -477,7 +478,7 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, model
     """Chunks dealt round robin to n ranks (some with none), partials folded at rank 0
     one buffer at a time: the plain in-memory references to float64's rounding."""
     from gqa_mpi.app.check import references
-    from gqa_mpi.core import streamed
+    from gqa_mpi.check import streamed
     comm = sub_world(n)
     if comm == MPI.COMM_NULL:
         return
@@ -521,7 +522,8 @@ def test_the_spread_check_matches_the_in_memory_references(n, chunk_bytes, model
 def test_the_check_sees_a_token_the_run_dropped_or_counted_twice(fault):
     """The check reads the inputs by its own chunks, not the run's slices: a rank that
     holds its neighbour's last token instead of its own first one fails it."""
-    from gqa_mpi.app.check import judge, references
+    from gqa_mpi.app.check import references
+    from gqa_mpi.check.judge import judge
     from gqa_mpi import Decoder
     comm = sub_world(16)
     if comm == MPI.COMM_NULL:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from whole_reference import attention_reference
-from gqa_mpi.app.check import compare
+from gqa_mpi.check.judge import compare
 
 from util import distributed, launch, run_cli, write_inputs
 

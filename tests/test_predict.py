@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from gqa_mpi.core.kernel_file import load
-from gqa_mpi.core.predict import replay
-from gqa_mpi.core.profile import SCHEMA, from_dict, load as load_profile
+from gqa_mpi.dsl.kernel_file import load
+from gqa_mpi.dsl.predict import replay
+from gqa_mpi.dsl.profile import SCHEMA, from_dict, load as load_profile
 
 from pes import run_pes
 
@@ -191,7 +191,7 @@ def test_a_profile_is_refused_in_one_line_naming_what_is_wrong(tmp_path):
 
 
 def test_a_replay_whose_messages_were_never_sent_says_so():
-    from gqa_mpi.core.grid import Grid
+    from gqa_mpi.step.grid import Grid
     calls = {0: [("recv", "recv", 16, "intra_E", 3)], 1: []}
     with pytest.raises(ValueError, match="rank 0 at call 0 wait for messages that were never"):
         replay(calls, Grid(1, 2, 4), PROFILE)

@@ -2,7 +2,7 @@
 a terminal."""
 import io
 
-from gqa_mpi.core.progress import LOG_EVERY, Progress
+from gqa_mpi.app.progress import LOG_EVERY, Progress
 
 
 class Clock:

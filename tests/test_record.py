@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from gqa_mpi.core.config import Config
+from gqa_mpi.config.config import Config
 from gqa_mpi.app.outputs import write_json
 from gqa_mpi.app.record import FORMAT, Comparison, RankStats, RunRecord
 

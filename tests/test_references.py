@@ -3,12 +3,12 @@ in-memory references, its chunk plan, and its memory, which does not grow with S
 import numpy as np
 import pytest
 
-from gqa_mpi.core import loop
-from gqa_mpi.core.config import Config
-from gqa_mpi.core.inputs import load_rows
-from gqa_mpi.core.kernel_model import (kernel_partial, kernel_rows,
+from gqa_mpi.config import loop
+from gqa_mpi.config.config import Config
+from gqa_mpi.config.inputs import load_rows
+from gqa_mpi.check.kernel_model import (kernel_partial, kernel_rows,
                                        kernel_token_range, kernel_units)
-from gqa_mpi.core.reference import (float16_values, reference_finish, reference_merge,
+from gqa_mpi.check.reference import (float16_values, reference_finish, reference_merge,
                                     reference_partial)
 from util import spec_kernel_model
 from whole_reference import attention_reference
@@ -115,7 +115,7 @@ def test_kernel_units_fold_to_the_kernel_model(T, hkv, G, d, S, N, tile, tiles):
                                      check_against="kernel-model", heads_q=8, cubes=1,
                                      pes=4)])
 def test_the_plan_reads_every_token_once_in_bounded_chunks(kw):
-    from gqa_mpi.core.streamed import CHUNK_BYTES, plan, plan_size
+    from gqa_mpi.check.streamed import CHUNK_BYTES, plan, plan_size
     cfg = Config(**kw)
     cfg = cfg.placed(cfg.pes or 1)
     width = cfg.heads_kv * cfg.head_dim
@@ -159,7 +159,7 @@ def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
     from gqa_mpi.app.check import references
     if not MPI.Is_initialized():      # importing the command line defers MPI_Init
         MPI.Init_thread(MPI.THREAD_MULTIPLE)
-    from gqa_mpi.core import streamed
+    from gqa_mpi.check import streamed
     cfg = Config(**kw).placed(4)
     q, k, v = load_rows(None, cfg.seed, cfg.B, cfg.queries, loop.final_len(cfg),
                         cfg.heads_q * cfg.head_dim, cfg.heads_kv * cfg.head_dim)

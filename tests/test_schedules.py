@@ -3,9 +3,9 @@ import itertools
 
 import pytest
 
-from gqa_mpi.core.grid import DIRECTIONS, Grid
-from gqa_mpi.core.schedules import SCHEDULES
-from gqa_mpi.core.wires import WIRES
+from gqa_mpi.step.grid import DIRECTIONS, Grid
+from gqa_mpi.step.schedules import SCHEDULES
+from gqa_mpi.step.wires import WIRES
 
 from util import chain_depth, spec_depth, spec_schedule
 

@@ -233,7 +233,7 @@ def test_the_key_is_every_option_that_can_change_a_result():
     new Config field is in the key without being listed (issue: --kernel numpy then
     --kernel fused printed "0 to go")."""
     from dataclasses import fields, replace
-    from gqa_mpi.core.config import Config
+    from gqa_mpi.config.config import Config
     from gqa_mpi.tools.study.plan import POINT_KEYS, Point
     base = Config(seq_len=4000)
     changed = dict(kernel="numpy", kv_dtype="float16", placement="round-robin", causal=True,

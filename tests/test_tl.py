@@ -1,4 +1,4 @@
-"""The kernel DSL's ``tl`` on NumPy (gqa_mpi.core.tl) against SPEC's table, call by call.
+"""The kernel DSL's ``tl`` on NumPy (gqa_mpi.dsl.tl) against SPEC's table, call by call.
 
 Kernels are written here, in a temporary file, so that faults can name their lines.
 """
@@ -7,8 +7,8 @@ import textwrap
 import numpy as np
 import pytest
 
-from gqa_mpi.core.kernel_file import load
-from gqa_mpi.core.tl import Backend, KernelFault, run_kernel
+from gqa_mpi.dsl.kernel_file import load
+from gqa_mpi.dsl.tl import Backend, KernelFault, run_kernel
 
 
 def backend(q=None, k=None, v=None, o=None, link=None, source=None, pe=0, cube=0):
@@ -62,7 +62,7 @@ def test_row_broadcasting_uses_element_i_for_row_i_even_when_square():
 
 
 def Tensor_of(tl, a):
-    from gqa_mpi.core.tl import Tensor
+    from gqa_mpi.dsl.tl import Tensor
     return Tensor(np.asarray(a), tl)
 
 

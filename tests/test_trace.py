@@ -1,5 +1,5 @@
 """Per-rank timings and the Chrome trace-event document (no MPI)."""
-from gqa_mpi.core.trace import Recorder, chrome_trace, flows
+from gqa_mpi.step.trace import Recorder, chrome_trace, flows
 
 
 def two_ranks():
@@ -62,7 +62,7 @@ def test_unmatched_messages_draw_no_arrow():
 def test_events_share_one_time_axis_and_arrows_go_forward():
     """Each rank offsets its clock by rank 0's wall time at the start, and an arrow
     leaves at its send's start and lands at its receive's end."""
-    from gqa_mpi.core.trace import Recorder, flows
+    from gqa_mpi.step.trace import Recorder, flows
     import time
     wall = time.time()
     a, b = Recorder(0, events=True), Recorder(1, events=True)
@@ -83,7 +83,7 @@ def test_events_share_one_time_axis_and_arrows_go_forward():
 
 
 def test_a_paused_recorder_keeps_timings_but_no_events():
-    from gqa_mpi.core.trace import Recorder
+    from gqa_mpi.step.trace import Recorder
     rec = Recorder(0, events=True)
     rec.paused = True
     with rec.phase("local_attention"):

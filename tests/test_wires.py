@@ -2,11 +2,11 @@
 import numpy as np
 import pytest
 
-from gqa_mpi.app.check import (CONTROL_FACTOR, SOURCE_TOLERANCE, compare, tolerance,
+from gqa_mpi.check.judge import (CONTROL_FACTOR, SOURCE_TOLERANCE, compare, tolerance,
                                wire_tolerance)
-from gqa_mpi.core.config import Config
-from gqa_mpi.core.attention import Partial, empty_partial
-from gqa_mpi.core.wires import WIRES, pack, unpack
+from gqa_mpi.config.config import Config
+from gqa_mpi.step.attention import Partial, empty_partial
+from gqa_mpi.step.wires import WIRES, pack, unpack
 
 
 def partial(m, l, O):
@@ -79,7 +79,7 @@ def test_compare_never_passes_nan_or_inf():
 
 
 def test_bf16_rounds_to_nearest_even_and_keeps_the_range():
-    from gqa_mpi.core.wires import from_bf16, to_bf16
+    from gqa_mpi.step.wires import from_bf16, to_bf16
     x = np.array([1.0, 1 + 2 ** -8, 1 + 3 * 2 ** -8, -2.5, 3e38, 1e-40, 0.0],
                  dtype=np.float32)
     back = from_bf16(to_bf16(x))

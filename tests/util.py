@@ -12,10 +12,10 @@ from typing import List, Optional
 
 import numpy as np
 
-from gqa_mpi.core.attention import (causal_limits, empty_partial, finalize, fold_queries,
+from gqa_mpi.step.attention import (causal_limits, empty_partial, finalize, fold_queries,
                                local_attention, merge, unfold_output)
-from gqa_mpi.core.kernels import NumpyKernel, make_resident
-from gqa_mpi.core.partition import token_range
+from gqa_mpi.step.sweeps import NumpySweep, make_resident
+from gqa_mpi.step.partition import token_range
 from gqa_mpi.tools import launcher
 from gqa_mpi.tools.launcher import gqa_command
 
@@ -128,7 +128,7 @@ def distributed(q, k, v, *, h_kv, n_ranks, tile, scale=None, causal=False, bound
     bounds = bounds or [token_range(S, n_ranks, r) for r in range(n_ranks)]
     def held(start, stop):
         rows = {"k": k[:, start:stop], "v": v[:, start:stop]}
-        return make_resident(NumpyKernel, lambda n, i, j: rows[n][:, i:j], stop - start,
+        return make_resident(NumpySweep, lambda n, i, j: rows[n][:, i:j], stop - start,
                              B, h_kv, d, np.float32)
 
     partials = [local_attention(qf, *held(start, stop), scale=scale, tile=tile,
@@ -185,7 +185,7 @@ def spec_depth(C, P, cols=4):
 def spec_kernel_model(q, k, v, *, h_kv, n, tile):
     """The kernel's output in float64, from SPEC.md's index rules alone (defects 2-5).
 
-    Independent of ``gqa_mpi.core.kernel_model``: every operand element is fetched by
+    Independent of ``gqa_mpi.check.kernel_model``: every operand element is fetched by
     its flat index. With ``S_local = S_kv // n`` (the tail dropped), tile ``t`` of rank
     ``r`` covers ``ts = min(tile, S_local - t*tile)`` tokens starting at flat element
     ``base = t*tile*d`` of the rank's row-major ``(S_local, h_kv*d)`` slice; K's

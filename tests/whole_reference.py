@@ -1,6 +1,6 @@
 """Exact float64 GQA attention in one piece (plain softmax, no tiling, no MPI): the
 tests' yardstick beside the streamed check's chunked reference
-(:mod:`gqa_mpi.core.reference`), with which it shares no code."""
+(:mod:`gqa_mpi.check.reference`), with which it shares no code."""
 import numpy as np
 
 
@@ -24,7 +24,7 @@ def attention_reference(q, k, v, *, h_kv: int, scale: float | None = None,
         Query ``t`` sees keys ``0 .. S_kv - T_q + t``; a query that sees none gives zeros.
 
     dtype : float64 for the reference; float32 gives the untiled float32 control whose
-        own error sets the pass rule's scale (:func:`gqa_mpi.app.check.compare`).
+        own error sets the pass rule's scale (:func:`gqa_mpi.check.judge.compare`).
 
     Returns
     -------

@@ -18,14 +18,14 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
 from ..mpi import launch_check  # noqa: E402  (before mpi4py.MPI: defers MPI_Init)
-from mpi4py import MPI  # noqa: E402
+from ..mpi import collective  # noqa: E402
 
 from .. import __version__  # noqa: E402
-from ..core import kernel_file, loop  # noqa: E402
-from ..core.config import Config  # noqa: E402
-from ..core.inputs import InputError, inspect_inputs  # noqa: E402
-from ..core.kernels import select  # noqa: E402
-from ..core.profile import load as load_profile  # noqa: E402
+from ..config import loop  # noqa: E402
+from ..config.config import Config  # noqa: E402
+from ..config.modes import mode_of  # noqa: E402
+from ..config.inputs import InputError, inspect_inputs  # noqa: E402
+from ..dsl.profile import load as load_profile  # noqa: E402
 from ..exits import SIGNAL, Exit, describe  # noqa: E402
 from ..mpi import faults, watchdog  # noqa: E402
 from . import sizing  # noqa: E402
@@ -84,7 +84,7 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
     def _print_message(self, message, file=None):
-        if MPI.COMM_WORLD.rank == 0:
+        if collective.world().rank == 0:
             super()._print_message(message, file)
 
 
@@ -106,7 +106,7 @@ class _Retired(argparse.Action):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The command line: one option per :class:`~gqa_mpi.core.config.Config` field."""
+    """The command line: one option per :class:`~gqa_mpi.config.config.Config` field."""
     p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
                 usage="mpirun -n N python -m gqa_mpi [options]",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,14 +149,13 @@ def _output_checks(cfg: Config) -> Optional[str]:
     """Why the root's outputs cannot be written safely (see :mod:`gqa_mpi.app.outputs`)."""
     inputs = ([os.path.join(cfg.inputs, f"{t}.npy") for t in "qkv"]
               if cfg.inputs is not None else [])
-    if cfg.kernel_source is not None:            # the kernel's file is an input too
-        inputs.append(kernel_file.resolve(cfg.kernel_source)[0])
+    inputs += cfg.mode.user_files(cfg)           # the kernel's file is an input too
     shape = (cfg.B, cfg.queries, cfg.heads_q * cfg.head_dim)
     return check_paths({"--output": cfg.output, "--json": cfg.json, "--trace": cfg.trace},
                        inputs, {"--output": npy_bytes(shape)})
 
 
-def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
+def configure(comm, argv: Optional[List[str]]) -> Config:
     """Parse, check and agree on the configuration; raise UsageError on every rank."""
     given = vars(build_parser().parse_args(argv))     # only the options on the line
     try:
@@ -166,13 +165,13 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
     faults.inject("start", comm.rank)
     watchdog.phase("configuration")
     watchdog.rendezvous(comm, "start-up")
-    with watchdog.waiting("rank 0 (reading input headers)"):
-        problem, error = comm.bcast(_root_checks(given) if comm.rank == 0 else None, root=0)
+    problem, error = collective.root_decides(comm, lambda: _root_checks(given),
+                                             "rank 0 (reading input headers)")
     if error:
         raise UsageError(error)
     if problem is not None:        # the files say the problem; flags may only agree
-        kv_dtype = problem.pop("kv_dtype")       # a kernel's memory is float16 anyway
-        if given.get("kernel_source") is None:
+        kv_dtype = problem.pop("kv_dtype")
+        if mode_of(given.get("kernel_source")).kv_from_inputs:
             given.setdefault("kv_dtype", kv_dtype)
         for key, value in problem.items():
             if key in given and given[key] != value:
@@ -183,31 +182,27 @@ def configure(comm: MPI.Comm, argv: Optional[List[str]]) -> Config:
         given.update(problem)
     try:
         cfg = Config(**given).placed(comm.size)
-        if cfg.kernel_source is None:
-            select(cfg.kernel)             # --kernel fused where it cannot load: one line
     except ValueError as e:
         raise UsageError(str(e)) from None
-    with watchdog.waiting("rank 0 (checking output paths)"):
-        error = comm.bcast(_output_checks(cfg) or _profile_check(cfg)
-                           if comm.rank == 0 else None, root=0)
+    error = collective.root_decides(comm, lambda: _output_checks(cfg) or _profile_check(cfg),
+                                    "rank 0 (checking output paths)")
     if error:
         raise UsageError(error)
-    if cfg.kernel_source is not None:
-        try:
-            fn, path = kernel_file.load(cfg.kernel_source)   # once per rank, kept
-            error = kernel_file.grid_problem(fn, path, cfg.grid)
-        except ValueError as e:
-            error = str(e)
-        errors = [e for e in comm.allgather(error) if e]   # every rank loads the file
-        if errors:
-            raise UsageError(errors[0])
+    try:
+        error = None
+        cfg.mode.preflight(cfg)      # on every rank: the fused sweep loads, the file loads
+    except ValueError as e:
+        error = str(e)
+    error = collective.first_error(comm, error, "every rank (loading the local step)")
+    if error:
+        raise UsageError(error)
     error = _memory_check(comm, cfg)
     if error:
         raise UsageError(error)
     return cfg
 
 
-def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
+def _memory_check(comm, cfg: Config) -> Optional[str]:
     """Refuse, on every rank, a run whose ranks on some host would not fit its memory.
 
     Each rank estimates its own peak from the configuration (:mod:`gqa_mpi.app.sizing`);
@@ -222,21 +217,16 @@ def _memory_check(comm: MPI.Comm, cfg: Config) -> Optional[str]:
 
 
 def _memory_verdict(comm, cfg, limit, mine):
-    # the ranks of one host, by its name: Split_type(COMM_TYPE_SHARED) crashes Open MPI
-    # 4.1 over the tcp transport alone (seen with two network namespaces of one host)
-    names = comm.allgather(MPI.Get_processor_name())
-    node = comm.Split(names.index(names[comm.rank]), comm.rank)
-    total = node.allreduce(mine)
+    host = collective.per_host(comm, mine)
     error = None
-    if node.rank == 0:
+    if host is not None:
+        name, ranks, total = host
         have = limit or sizing.available_bytes()
         if have is not None and total > have:
             what = "--max-memory allows" if limit else "the host has available"
-            error = (f"this run needs about {sizing.fmt(total)} on {MPI.Get_processor_name()} "
-                     f"({node.size} rank(s)) but {what} only {sizing.fmt(have)}"
-                     + sizing.advice(cfg))
-    node.Free()
-    return next((e for e in comm.allgather(error) if e), None)
+            error = (f"this run needs about {sizing.fmt(total)} on {name} ({ranks} rank(s)) "
+                     f"but {what} only {sizing.fmt(have)}" + sizing.advice(cfg))
+    return collective.first_error(comm, error, "every rank (the memory estimate)")
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -245,7 +235,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if why:
         launch_check.refuse(why)
         return Exit.USAGE
-    comm = MPI.COMM_WORLD
+    comm = collective.world()
     seconds = watchdog.early_timeout(argv)
     if seconds:
         watchdog.arm(comm, seconds)   # covers configuration, the run and shut-down
@@ -270,7 +260,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                          f"{signal.Signals(signum).name}; no partial output file was left\n")
         sys.stderr.flush()
         if comm.size > 1:
-            comm.Abort(SIGNAL + signum)
+            collective.abort(comm, SIGNAL + signum)
         return SIGNAL + signum
     except BaseException:
         abort(comm)
@@ -278,7 +268,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         watchdog.phase("shut-down (MPI_Finalize)")
 
 
-def abort(comm: MPI.Comm) -> None:
+def abort(comm) -> None:
     """Print this rank's traceback once, then end every rank of the job."""
     watchdog.say_and_abort(comm, f"gqa_mpi: rank {comm.rank}: unexpected error, aborting "
                                  f"all {comm.size} ranks (exit code {int(Exit.CRASH)})\n"

@@ -22,21 +22,24 @@ The command line is built on it (:mod:`gqa_mpi.app.run`).
 from __future__ import annotations
 
 import operator
+import time
 from dataclasses import dataclass, fields, replace
 from typing import Callable, Dict, Optional
 
 import numpy as np
-from mpi4py import MPI
 
-from ..core.config import Config, roles
-from ..core.partition import token_range
-from ..core.profile import load as load_profile
+from ..config.config import Config, roles
+from ..step.partition import token_range
+from ..dsl.profile import load as load_profile
 from ..mpi import watchdog
 from ..mpi.step import Rank
 from ..mpi.topology import Topology
 from .outputs import write_json
-from .collective import agree, agree_on, fingerprint, gather_record
-from .record import RunRecord
+from ..dsl.predict import predict_steps, trace_events
+from ..mpi import collective
+from ..mpi.collective import agree, agree_on, fingerprint
+from ..step.trace import chrome_trace
+from .record import RankStats, RunRecord
 
 
 @dataclass
@@ -143,15 +146,13 @@ class Decoder:
     comm : MPI communicator, default ``MPI.COMM_WORLD``
         Its ranks play the PEs: ``C x P`` must equal its size.
     **options
-        :class:`~gqa_mpi.core.config.Config` fields: ``heads_kv`` (or ``head_dim``),
+        :class:`~gqa_mpi.config.config.Config` fields: ``heads_kv`` (or ``head_dim``),
         ``tile``, ``kernel``, ``reduce``, ``wire``, ``cubes``, ``pes``, ``causal``, ...
     """
 
-    def __init__(self, q, k, v, config: Optional[Config] = None, *,
-                 comm: Optional[MPI.Comm] = None, **options):
-        if not MPI.Is_initialized():      # the command line, imported first, defers it
-            MPI.Init_thread(MPI.THREAD_MULTIPLE)
-        comm = MPI.COMM_WORLD if comm is None else comm
+    def __init__(self, q, k, v, config: Optional[Config] = None, *, comm=None, **options):
+        world = collective.world()     # MPI initialised here where nobody has yet
+        comm = world if comm is None else comm
         timeout = options.get("timeout", getattr(config, "timeout", None))
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
                 and 0 < timeout < float("inf"):
@@ -176,7 +177,7 @@ class Decoder:
         except ValueError as e:
             error = f"rank {comm.rank}: {e}"
         agree(comm, error)
-        lengths = comm.allgather(k.shape[1])        # every rank has passed _agree
+        lengths = collective.everyone(comm, k.shape[1])     # every rank has passed agree
         error = cfg = None
         try:
             if config is None:
@@ -204,7 +205,7 @@ class Decoder:
         self._start(comm, cfg, q3, k, v)
 
     @classmethod
-    def from_config(cls, comm: MPI.Comm, cfg: Config, q, k, v,
+    def from_config(cls, comm, cfg: Config, q, k, v,
                     progress: Optional[Callable[[int, int], None]] = None) -> "Decoder":
         """A loop on inputs already checked against a placed ``cfg`` (the command
         line's: ``k`` and ``v`` may be lazy rows, generated or memory-mapped);
@@ -257,7 +258,7 @@ class Decoder:
         except ValueError as e:
             error = f"rank {self.comm.rank}: {e}"
         agree(self.comm, error)
-        counts = self.comm.allgather(k.shape[1])
+        counts = collective.everyone(self.comm, k.shape[1])
         if self.cfg.causal and any(counts[:-1]):
             agree(self.comm, "with causal=True new tokens go to the last rank (the mask "
                               f"takes the cache as one run); the ranks give {counts}")
@@ -320,8 +321,7 @@ def _queries(q) -> np.ndarray:
     return q if q.ndim == 3 else q[None]
 
 
-def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm] = None,
-           **options) -> Decoded:
+def decode(q, k, v, config: Optional[Config] = None, *, comm=None, **options) -> Decoded:
     """One distributed decode step: :class:`Decoder` with one :meth:`~Decoder.step`.
 
     Parameters are :class:`Decoder`'s; a ``ValueError`` is raised on every rank alike.
@@ -330,3 +330,44 @@ def decode(q, k, v, config: Optional[Config] = None, *, comm: Optional[MPI.Comm]
         output = dec.step()
         record, trace = dec.record()
     return Decoded(output, record, trace)
+
+
+def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int):
+    """``(record, trace)``: every rank's statistics on rank 0 as a :class:`RunRecord`,
+    then the record on every rank; the trace document on rank 0 when asked for.
+    ``output_nonfinite``: the NaN and inf elements of the root's outputs."""
+    rank.finish()
+    traffic = rank.traffic
+    start, stop = cfg.tokens(topo.rank)
+    mine = RankStats(rank=topo.rank, host=collective.host_name(),
+                     place=topo.place.describe(), start=start, stop=stop,
+                     kernel=rank.local.name, source=rank.local.stats(),
+                     timings=rank.recorder.timings, messages=traffic.messages,
+                     bytes=traffic.bytes, overflow=traffic.loss.overflow,
+                     m_rounding=traffic.loss.m_rounding, peak_rss_mib=rank.peak_rss_mib,
+                     scores_nonfinite=rank.scores_nonfinite, steps=rank.steps, held=rank.count)
+    watchdog.rendezvous(topo.comm, "the gathering of results")
+    stats = collective.to_root(topo.comm, mine, "every rank (the gathering of results)")
+    events = (collective.to_root(topo.comm, rank.recorder.events)
+              if cfg.trace is not None else None)
+    calls = collective.to_root(topo.comm, rank.local.calls) if cfg.predict is not None else None
+    record = trace = None
+    if topo.is_root:
+        record = RunRecord(config=cfg, ranks=stats, isa=rank.local.isa,
+                           kernel_note=rank.local.note, kernel_source=rank.local.source,
+                           output_nonfinite=output_nonfinite,
+                           mpi_library=collective.library_version(),
+                           created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        replayed = None
+        if calls is not None:
+            try:        # rank 0 alone replays: a failure must not leave the others waiting
+                record.predicted, replayed = predict_steps(
+                    calls, cfg.layout, load_profile(cfg.predict),
+                    max(s.source["scratch_peak"] for s in stats))
+            except (ValueError, OSError) as e:
+                record.predicted = dict(profile=cfg.predict, error=str(e))
+        if events is not None:
+            trace = chrome_trace(events, [s.place for s in stats])
+            if replayed is not None:
+                trace["traceEvents"] += trace_events(replayed)
+    return collective.from_root(topo.comm, record, "rank 0 (the run record)"), trace

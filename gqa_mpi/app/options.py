@@ -1,4 +1,4 @@
-"""The command line of :class:`~gqa_mpi.core.config.Config`: one option per field, in
+"""The command line of :class:`~gqa_mpi.config.config.Config`: one option per field, in
 its group, with the field's docstring and real default as help (so the help, a study's
 config file and the library API take the same names)."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ import inspect
 from dataclasses import fields
 from typing import Dict, List, Literal, Optional, get_args, get_origin, get_type_hints
 
-from ..core.config import Config
+from ..config.config import Config
 
 GROUPS = {
     "common": "the options most runs use (C x P must equal the number of MPI ranks)",

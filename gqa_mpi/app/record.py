@@ -14,9 +14,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from ..check.judge import Comparison
 from .. import __version__
-from ..core.trace import STEP_PHASES
-from ..core.config import Config
+from ..step.trace import STEP_PHASES
+from ..config.config import Config
 
 FORMAT = "gqa_mpi.run/3"
 """The record's format; bumped when a field changes meaning."""
@@ -98,40 +99,6 @@ class RankStats:
 
     @classmethod
     def from_json(cls, d: Dict) -> "RankStats":
-        return cls(**_known(cls, d))
-
-
-@dataclass
-class Comparison:
-    """Errors of an output against a float64 reference, and the verdict."""
-
-    max_abs_err: float
-    max_rel_err: float
-    """Normwise: the largest absolute error over the largest ``|ref|``."""
-    tolerance: float
-    """The pass threshold: ``floor`` plus the control term."""
-    floor: float
-    control_rel_err: Optional[float]
-    """Normwise error of an untiled float32 attention on the same inputs."""
-    finite: bool
-    nonfinite: int
-    passed: bool
-    err_p50: Optional[float] = None
-    err_p99: Optional[float] = None
-    """Percentiles over the elements of ``|out - ref| / max|ref|``: how the error
-    spreads, where ``max_rel_err`` is its largest element."""
-
-    def to_json(self) -> Dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: Optional[Dict]) -> Optional["Comparison"]:
-        if d is None:
-            return None
-        d = dict(d)
-        for key in ("max_abs_err", "max_rel_err"):   # strict JSON wrote inf as null
-            if d.get(key) is None:
-                d[key] = float("inf")
         return cls(**_known(cls, d))
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from typing import Dict, List
 
-from ..core import loop
-from ..core.tl import Counters
-from .check import CONTROL_FACTOR
-from .record import Comparison, RunRecord
+from ..config import loop
+from ..dsl.tl import Counters
+from ..check.judge import CONTROL_FACTOR, Comparison
+from .record import RunRecord
 from .sizing import fmt
 
 
@@ -26,7 +26,8 @@ def format_report(record: RunRecord) -> str:
         f"topology  C={c.cubes} cubes x P={c.pes} PEs = {c.n_ranks} ranks; PE grid "
         f"{c.grid[0]}x{c.grid[1]} ({grid.rows_used} row(s) x {grid.cols_used} col(s) used)",
     ]
-    lines += _source_lines(record) if record.kernel_source else _emulated_lines(record)
+    mode = REPORTS[c.mode.name]
+    lines += mode.lines(record)
     if c.steps > 1:
         lat, held = record.latency(), record.held
         lines.append(f"steps     {c.steps} decode steps, {c.queries} new token(s) each to "
@@ -55,21 +56,64 @@ def format_report(record: RunRecord) -> str:
         lines.append(f"WARNING   {wire.narrowest} wire overflowed (--wire "
                      f"{wire.name}): {record.overflow} element(s) of m/l/O became inf on "
                      f"the way to the root; the output is invalid")
-    elif wire.lossy and not record.kernel_source:
-        lines.append(f"wire      {wire.name}: no overflow; m rounded by up to "
-                     f"{record.m_rounding:.3g}")
+    else:
+        lines += mode.wire_lines(record)
     tm = record.timings()
     median = " (the median step's)" if c.steps > 1 else ""
     lines.append(f"time      max over ranks{median}: " + ", ".join(
         f"{name} {tm[name]['max'] * 1e3:.1f} ms" for name in tm))
-    traffic = ("" if record.kernel_source else
-               f"{record.messages} messages, {fmt(record.bytes)}; ")
-    lines.append(f"{'memory' if record.kernel_source else 'traffic':<9} {traffic}"
-                 f"peak memory per rank {record.peak_rss_mib['max']:.0f} MiB (max); "
-                 f"{len(record.hosts)} host(s)")
+    lines.append(f"{mode.traffic(record)}peak memory per rank "
+                 f"{record.peak_rss_mib['max']:.0f} MiB (max); {len(record.hosts)} host(s)")
     for key, path in record.written.items():
         lines.append(f"{key:<9} {path}")
     return "\n".join(lines)
+
+
+class _Emulated:
+    """The report's lines of the emulation's own step."""
+
+    @staticmethod
+    def lines(record: RunRecord) -> List[str]:
+        return _emulated_lines(record)
+
+    @staticmethod
+    def wire_lines(record: RunRecord) -> List[str]:
+        wire = record.config.wire_format
+        return ([f"wire      {wire.name}: no overflow; m rounded by up to "
+                 f"{record.m_rounding:.3g}"] if wire.lossy else [])
+
+    @staticmethod
+    def traffic(record: RunRecord) -> str:
+        return f"{'traffic':<9} {record.messages} messages, {fmt(record.bytes)}; "
+
+    @staticmethod
+    def against(record: RunRecord) -> str:
+        return "float64 reference" + (" on the float16 K/V the ranks hold"
+                                      if record.config.kv_dtype == "float16" else "")
+
+
+class _Source:
+    """The report's lines of a ``--kernel-source`` run."""
+
+    @staticmethod
+    def lines(record: RunRecord) -> List[str]:
+        return _source_lines(record)
+
+    @staticmethod
+    def wire_lines(record: RunRecord) -> List[str]:
+        return []
+
+    @staticmethod
+    def traffic(record: RunRecord) -> str:
+        return f"{'memory':<9} "
+
+    @staticmethod
+    def against(record: RunRecord) -> str:
+        return "float64 exact attention on the float16 values the kernel's memory holds"
+
+
+REPORTS = {"emulated": _Emulated, "source": _Source}
+"""Each mode's lines (:attr:`gqa_mpi.config.modes.Emulated.name`)."""
 
 
 def _emulated_lines(record: RunRecord) -> List[str]:
@@ -131,12 +175,8 @@ def _check_lines(record: RunRecord) -> List[str]:
         return ["check     skipped (--no-check)"]
     if c.check_against == "kernel-model":
         against = "a float64 model of the reference kernel's arithmetic"
-    elif record.kernel_source:
-        against = "float64 exact attention on the float16 values the kernel's memory holds"
     else:
-        against = "float64 reference"
-        if c.kv_dtype == "float16":
-            against += " on the float16 K/V the ranks hold"
+        against = REPORTS[c.mode.name].against(record)
     if c.steps > 1:
         against += f", {len(record.checks)} of {c.steps} steps checked, the worst shown"
     lines = [_comparison("check", chk, against)]

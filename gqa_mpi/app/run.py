@@ -6,23 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from mpi4py import MPI
-
 import numpy as np
 
-from ..core import loop
-from ..core import inputs
-from ..core.config import Config
-from ..core.progress import Progress
+from ..config import loop
+from ..config import inputs
+from ..config.config import Config
+from .progress import Progress
 from ..exits import Exit
 from ..mpi import watchdog
 from . import outputs, report
 from .check import check_steps
-from .collective import refuse_nonfinite, wait_for_root
+from ..mpi.collective import from_root, refuse_nonfinite, to_root, wait_for_root
 from .decode import Decoder
 
 
-def run(comm: MPI.Comm, cfg: Config) -> Exit:
+def run(comm, cfg: Config) -> Exit:
     """Run the decode steps; return the exit code (:class:`~gqa_mpi.exits.Exit`)."""
     progress = Progress(enabled=comm.rank == 0 and not cfg.quiet)
     start, stop = cfg.tokens(comm.rank)
@@ -58,8 +56,7 @@ def run(comm: MPI.Comm, cfg: Config) -> Exit:
     # pass would leave it cold caches and late neighbours); every rank takes part
     checks, share = check_steps(comm, cfg, kept, record.m_rounding, progress)
     progress.end()
-    with watchdog.waiting("every rank (the end of the check)"):
-        every = comm.gather(share if kept else None, root=0)
+    every = to_root(comm, share if kept else None, "every rank (the end of the check)")
     code = Exit.PASSED
     if comm.rank == 0:
         watchdog.phase("outputs")
@@ -85,4 +82,4 @@ def run(comm: MPI.Comm, cfg: Config) -> Exit:
     watchdog.phase("end of run")
     with watchdog.waiting("rank 0 (outputs)"):
         wait_for_root(comm)
-        return Exit(comm.bcast(code, root=0))
+    return Exit(from_root(comm, code, "rank 0 (outputs)"))

@@ -10,10 +10,10 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from ..core import loop
-from ..core.inputs import GEN_BLOCK
-from ..core.kernels import CHUNK
-from ..core.streamed import SUB_BYTES, chunk_tokens, modelled
+from ..config import loop
+from ..config.inputs import GEN_BLOCK
+from ..step.sweeps import CHUNK
+from ..check.streamed import SUB_BYTES, chunk_tokens, modelled
 
 BASELINE = 96 << 20
 """Python, NumPy and MPI of one rank before any tensor (measured: 60-100 MiB)."""

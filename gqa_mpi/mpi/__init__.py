@@ -1,13 +1,17 @@
-"""The MPI side: communicators, executing a schedule, the decode step, the watchdog.
+"""The MPI side: every MPI call of gqa_mpi is made here.
 
-===========  =================================================================
-topology     the (C, P) communicator, the cube's and inter-cube ones, link(direction)
-exchange     runs a schedule's steps: messages, merges, the traffic they cost
-step         one decode step on one rank, in the kernel's order (emulated or source)
-source       the kernel's own function as a rank's local step (--kernel-source)
-watchdog     ``--timeout``: ends a stuck job and names the rank it waits for
-tl_link      ``tl.send``/``tl.recv`` for --kernel-source, and its deadlock watch
-launch_check a launcher of another MPI than mpi4py's, caught around MPI_Init
-faults       test-only fault injection
-===========  =================================================================
+============  ================================================================
+topology      the (C, P) communicator, the cube's and inter-cube ones, link(direction)
+exchange      runs a schedule's steps: messages, merges, the traffic they cost
+step          one rank across decode steps: its slice resident, its local step, appends
+local         the interface of a local step (resident, queries, step, append, stats)
+emulated      the emulation's local step: the sweep, then the schedule
+source        the kernel's own function as the local step (--kernel-source)
+tl_link       ``tl.send``/``tl.recv`` for --kernel-source, and its deadlock watch
+collective    what ranks do together around a run: agree, to and from the root, the
+              check's fold, the ranks of a host, waiting without spinning
+watchdog      ``--timeout``: ends a stuck job and names the rank it waits for
+launch_check  a launcher of another MPI than mpi4py's, caught around MPI_Init
+faults        test-only fault injection
+============  ================================================================
 """

@@ -1,4 +1,4 @@
-"""Executing a reduction schedule (:mod:`gqa_mpi.core.schedules`) on MPI.
+"""Executing a reduction schedule (:mod:`gqa_mpi.step.schedules`) on MPI.
 
 Tensor data travels with the buffer methods (``Send``/``Recv``, ``Reduce``,
 ``Allgather``, ``Alltoallv``, ``Gatherv``), never pickled. A step whose ``dir`` is one
@@ -6,7 +6,7 @@ of SPEC's directions travels on that direction's communicator
 (:meth:`gqa_mpi.mpi.topology.Topology.link`: the cube's for ``intra_*``, the
 inter-cube one for ``E``/``W``); any other step (the tree's) on the ``(C, P)``
 communicator. :func:`execute` returns the merged partial (the total at the root) and
-this rank's :class:`~gqa_mpi.core.schedules.Traffic`: messages and bytes it sent (a
+this rank's :class:`~gqa_mpi.step.schedules.Traffic`: messages and bytes it sent (a
 collective counts once, with the bytes this rank put in), and what the wire lost.
 
 A collective schedule (``Collective.op``) runs the executor registered here under its
@@ -20,12 +20,12 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..core.attention import Partial, merge, rescale
-from ..core.grid import DIRECTIONS
-from ..core.partition import token_range
-from ..core.schedules import Schedule, Step, Traffic
-from ..core.trace import Recorder
-from ..core.wires import TAGS, Loss, Wire, as_message, pack, unpack
+from ..step.attention import Partial, merge, rescale
+from ..step.grid import DIRECTIONS
+from ..step.partition import token_range
+from ..step.schedules import Schedule, Step, Traffic
+from ..step.trace import Recorder
+from ..step.wires import TAGS, Loss, Wire, as_message, pack, unpack
 from . import watchdog
 from .topology import Topology
 
@@ -195,7 +195,7 @@ def _allgather(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, 
 def _alltoall(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Traffic]:
     """Rows (query heads) split over the ranks: one all-to-all per tensor, each rank
     merging every rank's partial of its rows, then a gather of the merged rows; both in
-    the wire's formats (:meth:`~gqa_mpi.core.wires.Wire.cast_all`)."""
+    the wire's formats (:meth:`~gqa_mpi.step.wires.Wire.cast_all`)."""
     n, d = comm.size, partial.O.shape[-1]
     flat = Partial(partial.m.reshape(-1), partial.l.reshape(-1), partial.O.reshape(-1, d))
     bounds = [token_range(len(flat.m), n, r) for r in range(n)]

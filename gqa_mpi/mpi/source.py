@@ -1,13 +1,13 @@
 """The kernel's own function as a rank's local step (``--kernel-source``).
 
 Each decode step, every rank calls the kernel once with SPEC's signature and its own
-``tl`` (:class:`gqa_mpi.core.tl.Backend`, with :mod:`gqa_mpi.mpi.tl_link` behind
+``tl`` (:class:`gqa_mpi.dsl.tl.Backend`, with :mod:`gqa_mpi.mpi.tl_link` behind
 ``send`` and ``recv``). Its memory holds that step's Q (replicated), its slice of K
 and V as the cache then stands, and O (zeros), all float16; ``S_kv`` is the step's
 cache length. The step's output is O as it stands in rank 0's memory once every rank
 has returned.
 
-A fault (:class:`~gqa_mpi.core.tl.KernelFault`, or any exception of the kernel's
+A fault (:class:`~gqa_mpi.dsl.tl.KernelFault`, or any exception of the kernel's
 own, ``SystemExit`` and ``KeyboardInterrupt`` included) is one report, each kind once
 with the ranks that hit it (:meth:`gqa_mpi.mpi.tl_link.Watch.fault`; an exception's
 traceback trimmed to FILE's frames), and every rank leaves with
@@ -20,17 +20,26 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-from ..core.config import Config
-from ..core.kernel_file import grid_problem, load
-from ..core.tl import Backend, Counters, KernelFault, run_kernel
-from ..core.trace import Recorder
+from ..config.config import Config
+from ..dsl.kernel_file import grid_problem, load
+from ..dsl.tl import Backend, Counters, KernelFault, run_kernel
+from ..step.schedules import Traffic
+from ..step.sweeps import CHUNK
+from ..step.trace import Recorder
+from . import watchdog
+from .local import LocalStep
 from .tl_link import MpiLink, Watch
 from .topology import Topology
 
 
-class SourceStep:
+class SourceStep(LocalStep):
     """One rank's calls of the kernel's function, and what they did (summed over the
-    steps; the token rows read are the last step's)."""
+    steps; the token rows read are the last step's), its memory holding Q, K and V as
+    float16 rows, as given."""
+
+    isa = "tl"
+    note = None
+    scores_nonfinite = False
 
     def __init__(self, cfg: Config, topo: Topology, recorder: Recorder):
         self.fn, self.path = load(cfg.kernel_source)
@@ -42,13 +51,39 @@ class SourceStep:
         self.rows_read = (0, 0)
         self.calls: List[List[tuple]] = []
         """With ``--predict``: each step's recorded calls (one entry a call)."""
+        self.traffic = Traffic()      # its messages are counted by its own counters
+        self.source = dict(file=self.path, function=self.name)
 
     @property
     def name(self) -> str:
         return self.fn.__name__
 
-    def step(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache_len: int,
-             first: int) -> Optional[np.ndarray]:
+    def resident(self, q_in, rows, count, room):
+        self.queries(q_in)
+        width = self.cfg.heads_kv * self.cfg.head_dim
+        self.k, self.v = (np.empty((q_in.shape[0], room, width), np.float16) for _ in "kv")
+        for i in range(0, count, CHUNK):
+            j = min(i + CHUNK, count)
+            self.k[:, i:j], self.v[:, i:j] = rows("k", i, j), rows("v", i, j)
+
+    def queries(self, q_in):
+        self.q = np.asarray(q_in, dtype=np.float16)
+
+    def append(self, k_rows, v_rows, count):
+        need = count + k_rows.shape[1]
+        if need > self.k.shape[1]:      # room doubled when full
+            self.k, self.v = (_room(a, count, max(need, 2 * count)) for a in (self.k, self.v))
+        self.k[:, count:need], self.v[:, count:need] = k_rows, v_rows
+
+    def step(self, index: int, total: int, start: int, count: int) -> Optional[np.ndarray]:
+        """Call the kernel over this rank's first ``count`` tokens (global rows from
+        ``start``) of a cache of ``total``; O ``(T_q, h_q*d)`` float32 on the root."""
+        with self.rec.phase("kernel", step=index):
+            watchdog.phase(f"the kernel under test (step {index})")
+            return self._call(self.q[0], self.k[0, :count], self.v[0, :count], total, start)
+
+    def _call(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache_len: int,
+              first: int) -> Optional[np.ndarray]:
         """Call the kernel over this rank's ``k``, ``v`` ``(S_local, h_kv*d)`` float16
         (global rows from ``first``) with queries ``q`` ``(T_q, h_q*d)``; O
         ``(T_q, h_q*d)`` float32 on the root, None elsewhere."""
@@ -110,3 +145,10 @@ class SourceStep:
         """The kernel's exception with its traceback trimmed to FILE's frames."""
         text = "".join(traceback.format_list(self._frames(exc)))
         return f"{text}{type(exc).__name__}: {exc}"
+
+
+def _room(rows: np.ndarray, count: int, capacity: int) -> np.ndarray:
+    """``(B, capacity, width)`` holding the first ``count`` tokens of ``rows``."""
+    out = np.empty((rows.shape[0], capacity, rows.shape[2]), rows.dtype)
+    out[:, :count] = rows[:, :count]
+    return out

@@ -24,9 +24,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 import numpy as np
 from mpi4py import MPI
 
-from ..core.grid import DIRECTIONS
-from ..core.tl import KernelFault
-from ..core.trace import Recorder
+from ..step.grid import DIRECTIONS
+from ..dsl.tl import KernelFault
+from ..step.trace import Recorder
 from ..exits import Exit
 from . import watchdog
 from .topology import Topology
@@ -189,7 +189,7 @@ class Watch:
 
 
 class MpiLink:
-    """The ``link`` of a :class:`gqa_mpi.core.tl.Backend`: one PE's sends and receives."""
+    """The ``link`` of a :class:`gqa_mpi.dsl.tl.Backend`: one PE's sends and receives."""
 
     def __init__(self, topo: Topology, watch: Watch, recorder: Optional[Recorder] = None):
         self.topo, self.watch, self.rec = topo, watch, recorder

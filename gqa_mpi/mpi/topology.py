@@ -1,7 +1,7 @@
 """Communicators and neighbours: one rank is one (cube, PE); nothing else lives here.
 
 The geometry (places, direction names, short last rows) is
-:class:`gqa_mpi.core.grid.Grid`'s; this module builds the design card's communicators
+:class:`gqa_mpi.step.grid.Grid`'s; this module builds the design card's communicators
 for it and resolves a direction name to ``(communicator, rank)`` in one place,
 :meth:`Topology.link`:
 
@@ -33,7 +33,7 @@ from typing import Dict, NamedTuple
 
 from mpi4py import MPI
 
-from ..core.grid import DIRECTIONS, Grid
+from ..step.grid import DIRECTIONS, Grid
 
 WEIGHTS = {"intra_E": 1, "intra_W": 2, "intra_S": 3, "intra_N": 4}
 """Edge weight of each intra-cube direction in the distributed-graph topology."""

@@ -49,14 +49,14 @@ from typing import Callable, Dict, List  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ..core import kernels  # noqa: E402
-from ..core.attention import fold_queries, local_attention  # noqa: E402
+from ..step import sweeps  # noqa: E402
+from ..step.attention import fold_queries, local_attention  # noqa: E402
 from . import reads  # noqa: E402
 from .launcher import gqa_command, mpirun_command, plain, run_bounded  # noqa: E402
 from ..app.outputs import write_json  # noqa: E402
 from ..app.record import RunRecord  # noqa: E402
-from ..core.schedules import SCHEDULES  # noqa: E402
-from ..core.wires import WIRES  # noqa: E402
+from ..step.schedules import SCHEDULES  # noqa: E402
+from ..step.wires import WIRES  # noqa: E402
 from ..exits import Exit, quiet_when_the_reader_leaves  # noqa: E402
 
 
@@ -120,7 +120,7 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
     and PyTorch SDPA (float32) over the fused sweep, all on the same data."""
     rate = peak_sgemm_rate(repeats)
     rng = np.random.default_rng(0)
-    fused = kernels.FusedKernel if kernels.FUSED_ERROR is None else None
+    fused = sweeps.FusedSweep if sweeps.FUSED_ERROR is None else None
     rows = []
     for S in tokens:
         _progress(f"local: S_local {S}")
@@ -128,9 +128,9 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                           for _ in "kv")
         for dtype in ("float32", "float16"):
             src = {"k": k_rows, "v": v_rows}
-            held = {kern.name: kernels.make_resident(kern, lambda n, i, j: src[n][:, i:j],
+            held = {kern.name: sweeps.make_resident(kern, lambda n, i, j: src[n][:, i:j],
                                                      S, 1, h_kv, d, np.dtype(dtype))
-                    for kern in (kernels.NumpyKernel, fused) if kern is not None}
+                    for kern in (sweeps.NumpySweep, fused) if kern is not None}
             read = read_time(held.get("fused", held["numpy"]), repeats)
             for G in groups:
                 q = fold_queries(rng.standard_normal((1, 1, h_kv * G * d), dtype=np.float32),
@@ -149,13 +149,13 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
                 for tile in tiles:
                     row = dict(base, tile=tile)
                     for name, (k, v) in held.items():
-                        sweep = kernels.FusedKernel.sweep if name == "fused" else local_attention
+                        sweep = sweeps.FusedSweep.sweep if name == "fused" else local_attention
                         tracemalloc.start()
                         sweep(q, k, v, scale=scale, tile=tile)
                         scratch = tracemalloc.get_traced_memory()[1]
                         tracemalloc.stop()
                         if name == "fused":
-                            scratch += kernels.FusedKernel.scratch_bytes(G, d)
+                            scratch += sweeps.FusedSweep.scratch_bytes(G, d)
                         t = best_of(lambda: sweep(q, k, v, scale=scale, tile=tile), repeats)
                         row.update({f"{name}_s": t, f"{name}_over_limit": t / limit,
                                     f"{name}_scratch_bytes": scratch})
@@ -575,7 +575,7 @@ def main(argv=None) -> int:
         if args.what is None:
             whats = ("local", "reduce")       # start-up takes 16-rank launches
     cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-    result = dict(blas_threads=1, isa=kernels.isa())
+    result = dict(blas_threads=1, isa=sweeps.isa())
     for what in whats:
         # the default suite takes each table's defaults: parse its subcommand alone
         mine = args if args.what is not None else p.parse_args(

@@ -35,7 +35,7 @@ from typing import Dict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ..core.profile import PROFILES_DIR, Link, Profile, to_toml  # noqa: E402
+from ..dsl.profile import PROFILES_DIR, Link, Profile, to_toml  # noqa: E402
 from ..exits import Exit  # noqa: E402
 from .bench import best_of as best  # noqa: E402
 
@@ -62,7 +62,7 @@ def memory(repeats: int) -> Dict[str, float]:
 
 def backend_rates(repeats: int, G: int = 8, d: int = 128, tile: int = 1024) -> Dict:
     """The tl backend's per-call cost and its dot and vector rates on a tile's shapes."""
-    from ..core.tl import Backend
+    from ..dsl.tl import Backend
     tl = Backend(0, 0, [(n, np.zeros((tile, d), np.float16), 2 * d, 0) for n in "QKVO"])
     one = tl.full((1,), 1.0, "f32")
     call = best(lambda: tl.exp(one), repeats, 2000)
@@ -110,7 +110,7 @@ def ping_pong(comm, peer: int, nbytes: int, repeats: int, rounds: int) -> float:
 
 def links(world, repeats: int) -> Dict[str, Link]:
     """``noc`` and ``inter`` from ping-pongs on a cube's and the inter-cube communicator."""
-    from ..core.grid import Grid
+    from ..step.grid import Grid
     from ..mpi.topology import Topology
     out = {}
     for name, grid, direction in (("noc", Grid(1, world.size, 4), "intra_E"),

@@ -10,11 +10,11 @@ import sys
 from typing import Dict
 
 from ...app.options import add_arguments
-from ...core.config import Config, parse_grid, roles
+from ...config.config import Config, parse_grid, roles
 from ...exits import SIGNAL, Exit, quiet_when_the_reader_leaves
 from ...app.outputs import Interrupted, check_paths
-from ...core.schedules import SCHEDULES
-from ...core.wires import WIRES
+from ...step.schedules import SCHEDULES
+from ...step.wires import WIRES
 from .. import study
 from ..launcher import mpirun_command, plain
 from .plan import KINDS, SWEEPS, StudyError, words

@@ -1,4 +1,4 @@
-"""A study's points: one base :class:`~gqa_mpi.core.config.Config` and, per point, a
+"""A study's points: one base :class:`~gqa_mpi.config.config.Config` and, per point, a
 rank count and ``dataclasses.replace`` of it. No launching here."""
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import sys
 from dataclasses import dataclass, fields, replace
 from typing import Dict, List, Optional, Tuple
 
-from ...core.config import Config, parse_grid, roles
-from ...core.schedules import SCHEDULES
-from ...core.wires import WIRES
+from ...config.config import Config, parse_grid, roles
+from ...step.schedules import SCHEDULES
+from ...step.wires import WIRES
 from ..launcher import mpirun_command
 
 KINDS = ("strong", "weak", "tile", "wire", "reduce", "grid", "numerics")

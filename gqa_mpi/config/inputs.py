@@ -18,7 +18,7 @@ from typing import Dict, Tuple
 
 import numpy as np
 
-from .dtypes import FLOATS
+from ..step.dtypes import FLOATS
 
 GEN_BLOCK = 4096
 """Tokens per independently seeded block of generated K and V."""

@@ -3,7 +3,7 @@ steps are checked, and the tokens each rank appends. No MPI here.
 
 Step ``s`` (from 0) attends to ``S_kv + s*T_q`` tokens; after it (but the last) its
 ``T_q`` new tokens go to the ranks by ``--placement``. ``cfg`` is a placed
-:class:`~gqa_mpi.core.config.Config`.
+:class:`~gqa_mpi.config.config.Config`.
 """
 from __future__ import annotations
 

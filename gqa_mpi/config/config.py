@@ -24,12 +24,12 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Dict, List, Literal, Optional, Tuple, get_args, get_type_hints
 
-from .dtypes import FLOATS
-from .grid import Grid
-from .kernels import KERNELS
-from .partition import Placement, rank_tokens
-from .schedules import SCHEDULES, Schedule
-from .wires import WIRES, Wire
+from ..step.dtypes import FLOATS
+from ..step.grid import Grid
+from ..step.partition import Placement, rank_tokens
+from ..step.schedules import SCHEDULES, Schedule
+from ..step.wires import WIRES, Wire
+from .modes import mode_of
 
 def opt(default, group: str, *, metavar: Optional[str] = None, parse=None, format=str,
         choices=None, shown: Optional[str] = None, common: bool = False,
@@ -92,8 +92,11 @@ def parse_size(text: str) -> int:
     return int(value)
 
 
+KERNELS = ("auto", "fused", "numpy")
+"""``--kernel`` choices, the local sweep: auto is fused where it loads, else numpy."""
+
 KV_DTYPES = tuple(FLOATS)
-"""What ``--kv-dtype`` takes: the names of :data:`gqa_mpi.core.dtypes.FLOATS`."""
+"""What ``--kv-dtype`` takes: the names of :data:`gqa_mpi.step.dtypes.FLOATS`."""
 
 DEFAULT_TILE = 1024
 """TILE_S_KV of the local sweep, as in the kernel."""
@@ -228,9 +231,8 @@ class Config:
     def __post_init__(self):
         # a library caller may give the placement as its text: it is parsed once, here
         object.__setattr__(self, "placement", Placement.parse(self.placement))
-        if self.kv_dtype is None:      # the kernel's memory is float16
-            object.__setattr__(self, "kv_dtype", "float16" if self.kernel_source is not None
-                               else "float32")
+        if self.kv_dtype is None:
+            object.__setattr__(self, "kv_dtype", self.mode.kv_dtype)
 
         def positive(name, value, optional=False):
             if optional and value is None:
@@ -273,16 +275,7 @@ class Config:
                                  f"{', '.join(choices)}, got {getattr(self, name)!r}")
         if self.wire is not None:
             WIRES.get(self.wire)
-        if self.kernel_source is not None:
-            self._check_source()
-        else:
-            self.schedule.check_wire(self.wire_format, self.wire)
-            for given, option in ((self.check_against != "exact",
-                                   f"--check-against {self.check_against}"),
-                                  (self.predict is not None, f"--predict {self.predict}")):
-                if given:
-                    raise ValueError(f"{option} is for the kernel's own file: give "
-                                     f"--kernel-source FILE too")
+        self.mode.refuse(self)
         if self.split is not None and (min(self.split, default=0) < 0
                                        or sum(self.split) != self.seq_len):
             raise ValueError(f"--split counts must be >= 0 and add up to S_kv = "
@@ -298,41 +291,6 @@ class Config:
             if self.split is not None and len(self.split) != self.n_ranks:
                 raise ValueError(f"--split gives {len(self.split)} token counts for "
                                  f"{self.n_ranks} ranks")
-
-    def _check_source(self):
-        """Refuse, naming it, every option a kernel's own file cannot honour."""
-        if not isinstance(self.kernel_source, str) or not self.kernel_source:
-            raise ValueError(f"--kernel-source must be FILE or FILE:FUNCTION, got "
-                             f"{self.kernel_source!r}")
-        if self.predict is not None and (not isinstance(self.predict, str)
-                                         or not self.predict):
-            raise ValueError(f"--predict must be a profile's file or name, got "
-                             f"{self.predict!r}")
-        for given, option, why in (
-                (self.reduce != "chain", f"--reduce {self.reduce}",
-                 "the kernel's file does its own reduction"),
-                (self.wire is not None, f"--wire {self.wire}",
-                 "its messages carry what its tl.send sends"),
-                (self.tile != DEFAULT_TILE, f"--tile {self.tile}",
-                 "its file sets its own TILE_S_KV"),
-                (self.kernel != "auto", f"--kernel {self.kernel}",
-                 "the kernel's file is the local kernel"),
-                (self.kv_dtype != "float16", f"--kv-dtype {self.kv_dtype}",
-                 "the kernel's memory holds K and V in float16"),
-                (self.trace_tiles, "--trace-tiles", "its trace has a span per tl call"),
-                (self.batched, "--batch", "the kernel's signature has no batch axis"),
-                (self.causal, "--causal", "the kernel's signature has no mask")):
-            if given:
-                raise ValueError(f"--kernel-source runs the kernel's own file and cannot "
-                                 f"honour {option} ({why}); drop {option.split()[0]}")
-        if self.check_against == "kernel-model":
-            for given, option, why in (
-                    (self.steps > 1, "--steps", "the model is of one decode step"),
-                    (self.split is not None, "--split", "the model reads SPEC's balanced "
-                     "split")):
-                if given:
-                    raise ValueError(f"--check-against kernel-model cannot follow {option} "
-                                     f"({why}); drop {option} or check against exact")
 
     # ---- placing on a number of ranks
     @property
@@ -382,16 +340,19 @@ class Config:
         return 1.0 / math.sqrt(self.head_dim)
 
     @property
+    def mode(self):
+        """The local step this run takes (:mod:`gqa_mpi.config.modes`): the emulation's,
+        or the kernel's own file with ``--kernel-source``. The one place that decides."""
+        return mode_of(self.kernel_source)
+
+    @property
     def schedule(self) -> Schedule:
         return SCHEDULES.get(self.reduce)
 
     @property
     def wire_format(self) -> Wire:
         """The wire a hop carries: the one asked for, or the dependent default."""
-        if self.wire is not None:
-            return WIRES.get(self.wire)
-        narrow = self.kernel_source is not None        # the kernel's hops are float16
-        return WIRES.get("kernel" if narrow else self.schedule.default_wire)
+        return WIRES.get(self.wire if self.wire is not None else self.mode.default_wire(self))
 
     def tokens(self, rank: int) -> Tuple[int, int]:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""
@@ -403,7 +364,7 @@ class Config:
         ``3,0,5``, placement ``blocks:B``), as on the command line, and the wire as it
         resolves. :meth:`from_json` also reads a split written as a list."""
         d = {f.name: _text(f, getattr(self, f.name)) for f in fields(self)}
-        if self.kernel_source is None:       # a source run's messages are the kernel's
+        if self.mode.records_wire:
             d["wire"] = self.wire_format.name
         return d
 

@@ -71,7 +71,7 @@ def kernel_partial(q, k_rows, v_rows, *, S_kv: int, n_ranks: int,
                    unit: Tuple[int, int, int], h_kv: int, tile: int):
     """``(m, l, o)`` float64 of the kernel's softmax over one unit of
     :func:`kernel_units`, from the rows :func:`kernel_rows` names; shaped
-    ``(1, 1, G*T_q)`` and ``(1, 1, G*T_q, d)`` like :func:`~gqa_mpi.core.reference.
+    ``(1, 1, G*T_q)`` and ``(1, 1, G*T_q, d)`` like :func:`~gqa_mpi.check.reference.
     reference_partial`'s, so that its merge and finish apply."""
     width = np.shape(k_rows)[-1]
     d = width // h_kv

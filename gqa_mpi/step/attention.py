@@ -112,7 +112,7 @@ def local_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *,
     q : (B, h_kv, R, d) float32
         Folded queries (:func:`fold_queries`).
     k, v : (B, h_kv, S_local, d) float32 or float16
-        The rank's resident slice (:func:`gqa_mpi.core.kernels.make_resident`);
+        The rank's resident slice (:func:`gqa_mpi.step.sweeps.make_resident`);
         ``S_local`` may be 0. float16
         tiles are widened to float32 one tile at a time; accumulation is float32.
     scale : float

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import fused_paths
-from gqa_mpi.core import kernels
-from gqa_mpi.core.attention import causal_limits, finalize, fold_queries, unfold_output
+from gqa_mpi.step import sweeps
+from gqa_mpi.step.attention import causal_limits, finalize, fold_queries, unfold_output
 from whole_reference import attention_reference
 
 fused = pytest.importorskip("gqa_mpi._fused", reason="the fused kernel was not built")
@@ -27,7 +27,7 @@ def isa(request, monkeypatch):
     starts the compiler: those are ``launch`` tests)."""
     if request.param != "default":
         path = fused_paths.Path(request.getfixturevalue("paths_lib"), request.param)
-        monkeypatch.setattr(kernels, "_fused", path)
+        monkeypatch.setattr(sweeps, "_fused", path)
     return request.param
 
 
@@ -39,7 +39,7 @@ def run(kernel, q, k, v, *, h_kv, d, tile, dtype, scale=None, causal=False, star
     G = width // d // h_kv
     scale = 1 / np.sqrt(d) if scale is None else scale
     limit = causal_limits(S_kv if S_kv else S, T_q, G) if causal else None
-    kr, vr = kernels.make_resident(kernel, lambda n, i, j: {"k": k, "v": v}[n][:, i:j], S,
+    kr, vr = sweeps.make_resident(kernel, lambda n, i, j: {"k": k, "v": v}[n][:, i:j], S,
                                    B, h_kv, d, dtype)
     ticks = []
     p = kernel.sweep(fold_queries(q, h_kv, d), kr, vr, scale=scale, tile=tile, start=start,
@@ -74,9 +74,9 @@ def test_fused_matches_reference_and_numpy(isa, shape, dtype):
     k, v = (rng.standard_normal((B, S, h_kv * d)).astype(np.float32) for _ in "kv")
     held = [x.astype(dtype) for x in (k, v)]
     ref = attention_reference(q, *held, h_kv=h_kv, causal=causal)
-    out, _ = run(kernels.FusedKernel, q, k, v, h_kv=h_kv, d=d, tile=tile, dtype=dtype,
+    out, _ = run(sweeps.FusedSweep, q, k, v, h_kv=h_kv, d=d, tile=tile, dtype=dtype,
                  causal=causal)
-    base, _ = run(kernels.NumpyKernel, q, k, v, h_kv=h_kv, d=d, tile=tile, dtype=dtype,
+    base, _ = run(sweeps.NumpySweep, q, k, v, h_kv=h_kv, d=d, tile=tile, dtype=dtype,
                   causal=causal)
     scale = np.abs(ref).max()
     assert np.abs(out - ref).max() <= 3e-6 * scale
@@ -97,10 +97,10 @@ def test_the_default_runs_the_best_path_and_avx2_where_memory_binds(paths_lib, G
     rng = np.random.default_rng(G)
     q = rng.standard_normal((1, 1, 2 * G * 64)).astype(np.float32)
     k, v = (rng.standard_normal((1, 700, 2 * 64)).astype(np.float32) for _ in "kv")
-    got, _ = run(kernels.FusedKernel, q, k, v, h_kv=2, d=64, tile=256, dtype=dtype)
+    got, _ = run(sweeps.FusedSweep, q, k, v, h_kv=2, d=64, tile=256, dtype=dtype)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(kernels, "_fused", fused_paths.Path(paths_lib, runs))
-        want, _ = run(kernels.FusedKernel, q, k, v, h_kv=2, d=64, tile=256, dtype=dtype)
+        mp.setattr(sweeps, "_fused", fused_paths.Path(paths_lib, runs))
+        want, _ = run(sweeps.FusedSweep, q, k, v, h_kv=2, d=64, tile=256, dtype=dtype)
     np.testing.assert_array_equal(got, want)
 
 
@@ -108,8 +108,8 @@ def test_a_tile_far_longer_than_the_slice_allocates_nothing_for_it():
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 1, 4 * 16)).astype(np.float32)
     k, v = (rng.standard_normal((1, 300, 2 * 16)).astype(np.float32) for _ in "kv")
-    out, _ = run(kernels.FusedKernel, q, k, v, h_kv=2, d=16, tile=10 ** 15, dtype="float32")
-    base, _ = run(kernels.NumpyKernel, q, k, v, h_kv=2, d=16, tile=300, dtype="float32")
+    out, _ = run(sweeps.FusedSweep, q, k, v, h_kv=2, d=16, tile=10 ** 15, dtype="float32")
+    base, _ = run(sweeps.NumpySweep, q, k, v, h_kv=2, d=16, tile=300, dtype="float32")
     np.testing.assert_allclose(out, base, rtol=1e-5, atol=1e-6)
 
 
@@ -121,8 +121,8 @@ def test_per_tile_calls_and_a_slice_in_the_middle_of_a_causal_sequence(isa):
     q = rng.standard_normal((1, T_q, 4 * h_kv * d)).astype(np.float32)
     k, v = (rng.standard_normal((1, 1000, h_kv * d)).astype(np.float32) for _ in "kv")
     kw = dict(h_kv=h_kv, d=d, tile=96, dtype="float32", causal=True, start=3000, S_kv=3998)
-    _, a = run(kernels.FusedKernel, q, k, v, per_tile=True, **kw)
-    _, b = run(kernels.NumpyKernel, q, k, v, **kw)
+    _, a = run(sweeps.FusedSweep, q, k, v, per_tile=True, **kw)
+    _, b = run(sweeps.NumpySweep, q, k, v, **kw)
     np.testing.assert_array_equal(np.isneginf(a.m), np.isneginf(b.m))
     np.testing.assert_allclose(a.l, b.l, rtol=2e-6)
     np.testing.assert_allclose(a.O, b.O, rtol=2e-5, atol=2e-6 * np.abs(b.O).max())
@@ -132,10 +132,10 @@ def test_empty_slice_and_fully_masked_rows_give_the_empty_partial(isa):
     rng = np.random.default_rng(6)
     q = rng.standard_normal((1, 2, 8 * 16)).astype(np.float32)
     empty = np.zeros((1, 0, 2 * 16), np.float32)
-    _, p = run(kernels.FusedKernel, q, empty, empty, h_kv=2, d=16, tile=64, dtype="float32")
+    _, p = run(sweeps.FusedSweep, q, empty, empty, h_kv=2, d=16, tile=64, dtype="float32")
     assert np.isneginf(p.m).all() and not p.l.any() and not p.O.any()
     k = rng.standard_normal((1, 50, 2 * 16)).astype(np.float32)
-    _, p = run(kernels.FusedKernel, q, k, k, h_kv=2, d=16, tile=16, dtype="float32",
+    _, p = run(sweeps.FusedSweep, q, k, k, h_kv=2, d=16, tile=16, dtype="float32",
                causal=True, start=500, S_kv=400)   # every key is in every row's future
     assert np.isneginf(p.m).all() and not p.l.any() and not p.O.any()
 
@@ -152,9 +152,9 @@ def test_extreme_scores(isa, offset):
     k[0, 345] += 5                       # one key 5*sqrt(d)=20 above the rest
     v = rng.standard_normal((1, 700, d)).astype(np.float32)
     ref = attention_reference(q, k, v, h_kv=h_kv, scale=1.0)
-    out, _ = run(kernels.FusedKernel, q, k, v, h_kv=h_kv, d=d, tile=128, dtype="float32",
+    out, _ = run(sweeps.FusedSweep, q, k, v, h_kv=h_kv, d=d, tile=128, dtype="float32",
                  scale=1.0)
-    base, _ = run(kernels.NumpyKernel, q, k, v, h_kv=h_kv, d=d, tile=128, dtype="float32",
+    base, _ = run(sweeps.NumpySweep, q, k, v, h_kv=h_kv, d=d, tile=128, dtype="float32",
                   scale=1.0)
     assert np.isfinite(out).all()
     assert np.abs(out - base).max() <= 1e-5 * np.abs(base).max() + 1e-6
@@ -167,7 +167,7 @@ def test_nan_in_a_key_propagates(isa):
     q = rng.standard_normal((1, 1, 4 * 16)).astype(np.float32)
     k = rng.standard_normal((1, 100, 16)).astype(np.float32)
     k[0, 40, 3] = np.nan
-    out, _ = run(kernels.FusedKernel, q, k, k, h_kv=1, d=16, tile=32, dtype="float32")
+    out, _ = run(sweeps.FusedSweep, q, k, k, h_kv=1, d=16, tile=32, dtype="float32")
     assert np.isnan(out).all()
 
 
@@ -179,22 +179,22 @@ def test_error_stays_near_float32_rounding_at_256k_tokens(isa):
     q = rng.standard_normal((1, 1, 2 * d)).astype(np.float32)
     k, v = (rng.standard_normal((1, S, d)).astype(np.float32) for _ in "kv")
     ref = attention_reference(q, k, v, h_kv=1)
-    out, _ = run(kernels.FusedKernel, q, k, v, h_kv=1, d=d, tile=1024, dtype="float32")
+    out, _ = run(sweeps.FusedSweep, q, k, v, h_kv=1, d=d, tile=1024, dtype="float32")
     assert np.abs(out - ref).max() <= 2e-6 * np.abs(ref).max()
 
 
 def test_resident_float16_halves_the_bytes():
     rows = np.ones((1, 1000, 64), np.float32)
     src = lambda n, i, j: rows[:, i:j]  # noqa: E731
-    for kernel in (kernels.FusedKernel, kernels.NumpyKernel):
-        k32, v32 = kernels.make_resident(kernel, src, 1000, 1, 2, 32, np.float32)
-        k16, v16 = kernels.make_resident(kernel, src, 1000, 1, 2, 32, np.float16)
+    for kernel in (sweeps.FusedSweep, sweeps.NumpySweep):
+        k32, v32 = sweeps.make_resident(kernel, src, 1000, 1, 2, 32, np.float32)
+        k16, v16 = sweeps.make_resident(kernel, src, 1000, 1, 2, 32, np.float16)
         assert k16.nbytes * 2 == k32.nbytes and v16.nbytes * 2 == v32.nbytes
 
 
 def test_sweep_refuses_mismatched_arrays_instead_of_reading_out_of_bounds():
     q = np.zeros((1, 1, 4, 16), np.float32)
-    k = kernels.key_blocks(10, 1, 1, 16, np.float32)
+    k = sweeps.key_blocks(10, 1, 1, 16, np.float32)
     v = np.zeros((1, 1, 10, 16), np.float32)
     m, l, O = np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4), np.float32), np.zeros((1, 1, 4, 16), np.float32)
     with pytest.raises(ValueError, match="shapes"):
@@ -209,20 +209,20 @@ def test_sweep_refuses_mismatched_arrays_instead_of_reading_out_of_bounds():
 
 
 def test_auto_falls_back_to_numpy_with_one_line(monkeypatch):
-    monkeypatch.setattr(kernels, "_fused", None)
-    monkeypatch.setattr(kernels, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")
-    kernel, note = kernels.select("auto")
-    assert kernel is kernels.NumpyKernel and "using the NumPy sweep" in note
+    monkeypatch.setattr(sweeps, "_fused", None)
+    monkeypatch.setattr(sweeps, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")
+    kernel, note = sweeps.select("auto")
+    assert kernel is sweeps.NumpySweep and "using the NumPy sweep" in note
     assert "\n" not in note
     with pytest.raises(ValueError, match="--kernel fused: .*--kernel numpy"):
-        kernels.select("fused")
-    assert kernels.select("numpy") == (kernels.NumpyKernel, None)
+        sweeps.select("fused")
+    assert sweeps.select("numpy") == (sweeps.NumpySweep, None)
 
 
 def test_kernel_fused_that_cannot_load_is_a_usage_error(monkeypatch, capsys):
     from gqa_mpi.app import cli
-    monkeypatch.setattr(kernels, "_fused", None)
-    monkeypatch.setattr(kernels, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")
+    monkeypatch.setattr(sweeps, "_fused", None)
+    monkeypatch.setattr(sweeps, "FUSED_ERROR", "gqa_mpi._fused is not available (test)")
     assert cli.main(["--kernel", "fused", "--seq-len", "64"]) == 2
     err = capsys.readouterr().err
     assert "--kernel fused: gqa_mpi._fused is not available" in err
@@ -234,17 +234,17 @@ def test_kernel_fused_that_cannot_load_is_a_usage_error(monkeypatch, capsys):
 
 
 def test_the_resident_k_and_v_start_on_a_page():
-    """Every vector load of the sweep then lies in one cache line (kernels.ALIGN)."""
+    """Every vector load of the sweep then lies in one cache line (sweeps.ALIGN)."""
     rows = np.ones((1, 40, 2 * 8), np.float32)
-    for kern in (kernels.FusedKernel, kernels.NumpyKernel):
-        k, v = kernels.make_resident(kern, lambda n, i, j: rows[:, i:j], 40, 1, 2, 8,
+    for kern in (sweeps.FusedSweep, sweeps.NumpySweep):
+        k, v = sweeps.make_resident(kern, lambda n, i, j: rows[:, i:j], 40, 1, 2, 8,
                                      np.float16, capacity=50)
-        k2, v2 = kernels.grow(kern, k, v, 80)
+        k2, v2 = sweeps.grow(kern, k, v, 80)
         for a in (k, v, k2, v2):
-            assert a.ctypes.data % kernels.ALIGN == 0 and a.flags.c_contiguous
+            assert a.ctypes.data % sweeps.ALIGN == 0 and a.flags.c_contiguous
         assert (v2[:, :, :40] == 1).all() and v2.shape == (1, 2, 80, 8)
-    z = kernels.aligned((3, 5), np.float32, zero=True)
-    assert z.shape == (3, 5) and not z.any() and z.ctypes.data % kernels.ALIGN == 0
+    z = sweeps.aligned((3, 5), np.float32, zero=True)
+    assert z.shape == (3, 5) and not z.any() and z.ctypes.data % sweeps.ALIGN == 0
 
 
 def test_the_read_limit_has_its_numpy_and_blas_ways():

@@ -4,11 +4,11 @@ The float64 reference of a step walks the cache in chunks of at most
 :data:`CHUNK_BYTES` of K and V (:func:`plan`); :func:`chunk_partials` builds the
 partials ``(m, l, O)`` of one chunk straight from the inputs (generated rows from the
 seed, ``.npy`` files through a memory map) with the reference's own arithmetic
-(:mod:`gqa_mpi.core.reference`, never :mod:`gqa_mpi.core.attention`'s). How the chunks
+(:mod:`gqa_mpi.check.reference`, never :mod:`gqa_mpi.step.attention`'s). How the chunks
 are dealt to the ranks and folded is :mod:`gqa_mpi.app.check`'s.
 
 A ``--kernel-source`` run checked with ``--check-against kernel-model`` also has the
-kernel's own units of tiles (:func:`~gqa_mpi.core.kernel_model.kernel_units`) in its
+kernel's own units of tiles (:func:`~gqa_mpi.check.kernel_model.kernel_units`) in its
 plan, for the float64 model of the reference kernel's arithmetic.
 """
 from __future__ import annotations
@@ -18,8 +18,8 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .config import Config
-from .inputs import GEN_BLOCK, read_rows
+from ..config.config import Config
+from ..config.inputs import GEN_BLOCK, read_rows
 from .kernel_model import kernel_partial, kernel_rows, kernel_units
 from .reference import float16_values, reference_merge, reference_partial
 
@@ -35,7 +35,7 @@ SUB_BYTES = 2 << 20
 class Task:
     """One chunk of the check: the cache rows ``[a, b)`` it reads, and for the
     kernel model the kernel's unit of tiles (see
-    :func:`~gqa_mpi.core.kernel_model.kernel_units`) those rows hold."""
+    :func:`~gqa_mpi.check.kernel_model.kernel_units`) those rows hold."""
 
     rows: Tuple[int, int]
     unit: Optional[Tuple[int, int, int]] = None

@@ -6,7 +6,7 @@ No MPI here: ``send``/``recv`` go to a ``link`` object the caller gives
 - :class:`Tensor` is a NumPy array and, through it, a dtype (float16, float32 or bool).
 - :class:`Backend` has one method per builtin; each is one NumPy call on whole blocks.
   The rules live once: :func:`_align` is the row-broadcast rule of every call with
-  several operands; the dtypes are :data:`gqa_mpi.core.dtypes.DSL`'s.
+  several operands; the dtypes are :data:`gqa_mpi.step.dtypes.DSL`'s.
 - :class:`Monitor` sits beside the ops and keeps what a kernel author is told:
   scratch per scope and its high-water mark, the first calls that made inf or NaN
   from finite operands, and (with a recorder) one trace span per call. A call's line
@@ -47,7 +47,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .dtypes import DSL, DSL_NAMES
+from ..step.dtypes import DSL, DSL_NAMES
 
 BASE = 1 << 40
 """Distance between the base addresses of two tensors in a PE's memory."""
@@ -238,7 +238,7 @@ class Monitor:
         self.count = Counters()
         self.calls: Optional[List[Tuple]] = [] if record else None
         """With ``record``: each call that has a cost, ``(call, kind, amount,
-        direction, line)`` (:mod:`gqa_mpi.core.predict`'s), one entry a call."""
+        direction, line)`` (:mod:`gqa_mpi.dsl.predict`'s), one entry a call."""
         self.scopes: List[Scope] = []
         self.live = 0
         self.rec = recorder if recorder is not None and recorder.events is not None else None

@@ -13,7 +13,7 @@ import numpy as np
 #
 # A partial is ``(m, l, o)``: per query head the largest score ``m``, the sum ``l`` of
 # ``exp(s - m)`` and the unnormalised output ``o``, all in the reference's own dtype.
-# This merge is written here, apart from :mod:`gqa_mpi.core.attention`'s, so that the
+# This merge is written here, apart from :mod:`gqa_mpi.step.attention`'s, so that the
 # check never reuses the arithmetic it checks.
 
 def reference_partial(q, k, v, *, h_kv: int, scale: float | None = None,

@@ -2,7 +2,7 @@
 No MPI here.
 
 Every PE's calls, in program order, are replayed through SPEC.md's cost model with a
-:class:`~gqa_mpi.core.profile.Profile`'s numbers. Each PE has one clock, 0 at the start;
+:class:`~gqa_mpi.dsl.profile.Profile`'s numbers. Each PE has one clock, 0 at the start;
 nothing on a PE overlaps:
 
 =============================  =========================================================
@@ -31,7 +31,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .grid import Grid
+from ..step.grid import Grid
 from .profile import Profile
 
 KINDS = ("mem", "dot", "vec", "send", "recv")

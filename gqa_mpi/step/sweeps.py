@@ -1,7 +1,7 @@
-"""The local kernels: the NumPy tile sweep (the reference) and the fused C kernel.
+"""The local sweeps: the NumPy tile sweep (the reference) and the fused C sweep.
 
 No MPI here. Both compute the same partial ``(m, l, O)`` of one rank's slice
-(:func:`gqa_mpi.core.attention.local_attention` is the NumPy one); they differ in how the
+(:func:`gqa_mpi.step.attention.local_attention` is the NumPy one); they differ in how the
 resident slice is laid out and in speed:
 
 =======  ======================================================================
@@ -25,8 +25,6 @@ from typing import Callable, Optional, Tuple
 import numpy as np
 
 from .attention import Partial, empty_partial, local_attention
-KERNELS = ("auto", "fused", "numpy")
-"""``--kernel`` choices: auto is fused where it loads, else numpy."""
 
 try:
     from .. import _fused
@@ -99,15 +97,15 @@ def put_rows(out: np.ndarray, rows: np.ndarray, at: int) -> None:
     out[:, :, at:at + n] = rows.reshape(B, n, h_kv, d).transpose(0, 2, 1, 3)
 
 
-class NumpyKernel:
-    """The reference sweep of :mod:`gqa_mpi.core.attention` (BLAS products per tile)."""
+class NumpySweep:
+    """The reference sweep of :mod:`gqa_mpi.step.attention` (BLAS products per tile)."""
 
     name = "numpy"
 
     @staticmethod
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, count: Optional[int] = None,
               **kw) -> Partial:
-        """:func:`~gqa_mpi.core.attention.local_attention` over the first ``count``
+        """:func:`~gqa_mpi.step.attention.local_attention` over the first ``count``
         tokens of the resident ``k``, ``v`` (all of them by default)."""
         return local_attention(q, k[:, :, :count], v[:, :, :count], **kw)
 
@@ -118,7 +116,7 @@ class NumpyKernel:
     put_k = staticmethod(put_rows)
 
 
-class FusedKernel:
+class FusedSweep:
     """The C kernel: one pass per tile, each K and V value read once for all rows."""
 
     name = "fused"
@@ -135,7 +133,7 @@ class FusedKernel:
     def sweep(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, scale: float,
               tile: int = 1024, start: int = 0, causal_limit: Optional[np.ndarray] = None,
               on_tile: Optional[Callable] = None, count: Optional[int] = None) -> Partial:
-        """Same contract as :func:`gqa_mpi.core.attention.local_attention`; ``k`` in the
+        """Same contract as :func:`gqa_mpi.step.attention.local_attention`; ``k`` in the
         :func:`key_blocks` layout, ``v`` resident, both float32 or both float16; only
         the first ``count`` tokens (all by default) are swept."""
         B, h_kv, R, d = q.shape
@@ -204,13 +202,11 @@ def select(name: str):
 
     Raises ValueError when ``fused`` is asked for and cannot load.
     """
-    if name not in KERNELS:
-        raise ValueError(f"--kernel must be one of {', '.join(KERNELS)}, got {name!r}")
     if name == "numpy":
-        return NumpyKernel, None
+        return NumpySweep, None
     if _fused is not None:
-        return FusedKernel, None
+        return FusedSweep, None
     if name == "fused":
         raise ValueError(f"--kernel fused: {FUSED_ERROR}; reinstall with a C compiler "
                          f"(pip install -e .) or use --kernel numpy")
-    return NumpyKernel, f"fused kernel unavailable, using the NumPy sweep: {FUSED_ERROR}"
+    return NumpySweep, f"fused kernel unavailable, using the NumPy sweep: {FUSED_ERROR}"
