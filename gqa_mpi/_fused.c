@@ -19,9 +19,10 @@
 
 #include "_fused.h"
 
-/* The best sweep the CPU runs. A call whose groups of rows all wait on memory runs on
- * 256-bit vectors (`narrow`) where the CPU has AVX2 too: wider loops do not read memory
- * faster, and cores that run 512-bit instructions as two halves sweep such calls slower. */
+/* The best sweep the CPU runs. A call whose groups wait on memory and ask for each line
+ * twice (_fused.h's TWICE) runs on 256-bit vectors (`narrow`) where the CPU has AVX2 too:
+ * wider loops read memory no faster, and on cores that run 512-bit instructions as two
+ * halves they swept such calls slower (docs/performance.md). */
 static sweep_fn *chosen = sweep_generic, *narrow = NULL;
 static const char *chosen_name = "generic";
 
@@ -106,7 +107,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         sweep_args a = {NULL, NULL, NULL, half, R, d, lo, hi, tile,
                         n_bufs == 7 ? (const Py_ssize_t *)b[6].buf : NULL,
                         NULL, NULL, NULL, scratch};
-        sweep_fn *fn = narrow && FPB(GROUP(R), half) < 4 ? narrow : chosen;
+        sweep_fn *fn = narrow && TWICE(GROUP(R), half) ? narrow : chosen;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t h = 0; h < heads; h++) {
             a.q = (const float *)b[0].buf + h * R * d;

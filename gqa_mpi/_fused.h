@@ -17,9 +17,11 @@
 /* The rows of a group: 8, 4, 2 or 1 of the `left` rows still to go. */
 #define GROUP(left) ((left) >= 8 ? 8 : (left) >= 4 ? 4 : (left) >= 2 ? 2 : 1)
 
-/* Flops per byte of K and V of a group of RB rows (half: float16 K and V). A group
- * below 4 waits on memory (see _sweep.h's asking and _fused.c's pick). */
+/* Flops per byte of K and V of a group of RB rows (half: float16 K and V). A group of
+ * 1 to 3 waits on memory and asks for each line twice (_sweep.h's ask, _fused.c's pick);
+ * float32 rows alone are left to the core's stream prefetcher's pace. */
 #define FPB(RB, HALF) (2 * (RB) / ((HALF) ? 2 : 4))
+#define TWICE(RB, HALF) (FPB(RB, HALF) >= 1 && FPB(RB, HALF) < 4)
 
 /* One sweep's scratch, in floats: a block's scores (8 rows), the rows transposed and
  * the tile's partial (m, l, O). */

@@ -20,11 +20,9 @@
 #define UB(RB) (RS(RB) == 8 ? 1 : ACC / RS(RB) < SUB / VL ? ACC / RS(RB) : SUB / VL)
 #define W(RB) (ACC / RS(RB) > 8 ? 8 : ACC / RS(RB))
 
-/* A group with few flops per byte of K and V waits on memory: it asks for each line
- * twice (a core may drop a prefetch it has no room for). A group of float32 rows alone
- * is left to the core's stream prefetcher's pace, and one with 4 or more flops per byte
- * is bound by its flops, where a second ask costs a load slot. */
-#define TWICE(RB, HALF) (FPB(RB, HALF) >= 1 && FPB(RB, HALF) < 4)
+/* A group that waits on memory (_fused.h's TWICE) asks for each line twice: a core may
+ * drop a prefetch it has no room for. Where the flops bind, a second ask costs a load
+ * slot. */
 
 /* Lines asked for ahead of a loop that reads a region: in the region's address order,
  * whatever order the loop reads it in, so that memory sees one sequential stream. */
