@@ -1,11 +1,14 @@
 """gqa_mpi: an accelerator's long-context GQA decode kernel, emulated on MPI.
 
-Layers, each importing only the ones above it:
+Rooms, each importing only the ones before it:
 
-- :mod:`gqa_mpi.core`: the arithmetic and the data, NumPy only (no MPI);
-- :mod:`gqa_mpi.mpi`: communicators, executing a schedule, the decode step;
-- :mod:`gqa_mpi.app`: the config, :func:`decode`, the command line, check, record;
-- :mod:`gqa_mpi.tools`: launcher helpers, the scaling study and the bench.
+- :mod:`gqa_mpi.step`: the arithmetic of one decode step and the local sweeps;
+- :mod:`gqa_mpi.dsl`: the kernel DSL's ``tl`` and its cost model;
+- :mod:`gqa_mpi.config`: ``Config``, the inputs, the decode loop, the two modes;
+- :mod:`gqa_mpi.check`: the float64 references and the verdict (these four: no MPI);
+- :mod:`gqa_mpi.mpi`: every MPI call: communicators, schedules, the rank's steps;
+- :mod:`gqa_mpi.app`: :func:`decode`, the command line, the check, record, report;
+- :mod:`gqa_mpi.tools`: launcher helpers, the scaling study, the bench, the probe.
 
 ``from gqa_mpi import decode`` runs one distributed decode step on arrays the ranks
 hold, and ``Decoder`` a loop of steps and appends on them (see

@@ -3,19 +3,11 @@
 Without this, one rank's failed assertion leaves the others waiting in a
 collective and the whole ``mpirun`` hangs until its timeout.
 """
-import inspect
 import os
-import re
 import sys
 import tempfile
 
 import pytest
-
-STARTS_PROCESSES = re.compile(r"\b(launch|run_bounded|subprocess\.\w+|Popen|gqa_command|"
-                              r"mpirun_command|study_run|bench_main)\(")
-"""A call that starts processes: a test whose body (or a same-module helper it calls)
-makes one is marked ``launch``, so ``pytest -m "not launch"`` runs the pure tests."""
-
 
 # Open MPI's PMIx tries munge first, and where munge is installed but its daemon is not
 # running (SLURM installed and down, say) every mpirun waits 2.3 s for it; the tests'
@@ -62,27 +54,3 @@ def pytest_ignore_collect(collection_path, config):
     if collection_path.name == "test_mpi.py" and not config.getoption("--with-mpi", default=False):
         return True
     return None
-
-
-def _starts_processes(fn, module, seen=()):
-    try:
-        src = inspect.getsource(fn)
-    except (OSError, TypeError):
-        return False
-    if STARTS_PROCESSES.search(src):
-        return True
-    for name in set(re.findall(r"\b(\w+)\(", src)) - set(seen):  # the module's helpers
-        helper = getattr(module, name, None)
-        if inspect.isfunction(helper) and helper.__module__ == module.__name__ \
-                and _starts_processes(helper, module, seen + (fn.__name__, name)):
-            return True
-    return False
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        fixtures = [getattr(item.module, f, None) for f in getattr(item, "fixturenames", ())]
-        fns = [item.function] + [getattr(f, "__wrapped__", f) for f in fixtures
-                                 if callable(f)]
-        if any(_starts_processes(fn, item.module) for fn in fns):
-            item.add_marker(pytest.mark.launch)

@@ -23,6 +23,7 @@ def docs_block(page: str, after: str) -> str:
     return re.search(r"```python\n(.*?)```", text[text.index(after):], re.S).group(1)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("heading,prints", [
     ("### A serving loop", re.escape("(1, 2048) {'min': 1000, 'max': 1005}\n")),
 ])
@@ -133,6 +134,7 @@ def test_decode_takes_numpy_integers_and_refuses_complex_and_empty_caches(tmp_pa
         decode(q, k[:0], k[:0], comm=one_rank(), heads_kv=2)
 
 
+@pytest.mark.launch
 def test_timeout_works_in_the_library(tmp_path):
     """A rank that never comes: the library's timeout= ends the job (exit 3), naming
     what rank 0 waited for, instead of hanging."""

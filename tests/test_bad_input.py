@@ -152,6 +152,7 @@ def test_bad_arguments(capsys, case):
     util.refused(capsys, *args, words=words)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("args,env,words", [
     (["--seed", -1], {}, "--seed must be"),
     (["--seq-len", 10 ** 10], {}, "needs about"),
@@ -166,6 +167,7 @@ def test_every_rank_leaves_with_the_same_code(args, env, words):
     util.assert_refused(proc.returncode, proc.stdout, proc.stderr, words)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("case", sorted(FILE_CASES))
 def test_bad_input_files(tmp_path, capsys, case):
     make, extra, words = FILE_CASES[case]
@@ -180,6 +182,7 @@ def test_bad_input_files(tmp_path, capsys, case):
         util.refused(capsys, *args, words=words)
 
 
+@pytest.mark.launch
 def test_nonfinite_allowed_on_request(tmp_path):
     d = str(tmp_path / "in")
     os.makedirs(d)

@@ -7,6 +7,8 @@ import pytest
 
 from gqa_mpi.step.schedules import SCHEDULES
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 
 def bench(tmp_path, *args):
     out = tmp_path / "bench.json"

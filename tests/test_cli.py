@@ -17,6 +17,8 @@ from whole_reference import attention_reference
 
 from util import launch, random_inputs, read_json, write_inputs
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 
 def test_default_run_reports_and_passes(tmp_path):
     """The run record of a plain run (the README's 16-rank quick start is run by

@@ -18,6 +18,8 @@ from gqa_mpi.step.wires import TAGS
 from gqa_mpi.tools.launcher import mpirun, mpirun_command
 from util import run_bounded, spec_schedule
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 LINE = re.compile(r"(send|recv) comm=(\S+) topo=(\w+) size=(\d+) dims=(\d+)x(\d+) "
                   r"peer=(-?\d+) tag=(\d+)")

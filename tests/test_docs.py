@@ -80,6 +80,7 @@ def test_every_page_has_its_block_found():
     assert all(runs for _, _, runs in BLOCKS)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("page,line,runs", BLOCKS, ids=[f"{p}:{n}" for p, n, _ in BLOCKS])
 def test_console_block_runs_and_prints_its_sample(page, line, runs, tmp_path):
     (tmp_path / "docs").symlink_to(ROOT / "docs")
@@ -103,6 +104,7 @@ def generated_help() -> str:
     return f"{BEGIN.format(PYTHON)}\n```\n{proc.stdout.rstrip()}\n```\n{END}"
 
 
+@pytest.mark.launch
 def test_the_options_page_is_the_parsers_help():
     """argparse lays help out a little differently from one Python to the next, so the
     page says which Python wrote it, and another Python only checks it is there."""

@@ -75,6 +75,7 @@ def test_log_sum_exps_more_than_88_apart():
                                rtol=1e-6)
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("empty_at", ["first", "last"])   # middle: tests/test_mpi.py
 def test_empty_ranks_anywhere_in_the_chain(tmp_path, empty_at):
     rng = np.random.default_rng(9)
@@ -89,6 +90,7 @@ def test_empty_ranks_anywhere_in_the_chain(tmp_path, empty_at):
     np.testing.assert_allclose(np.load(o), ref, atol=1e-6)
 
 
+@pytest.mark.launch
 def test_rows_that_see_no_key_are_zero(tmp_path):
     """Causal with T_q > S_kv: the first queries see nothing; last rank short."""
     rng = np.random.default_rng(2)
@@ -104,6 +106,7 @@ def test_rows_that_see_no_key_are_zero(tmp_path):
                                atol=1e-6)
 
 
+@pytest.mark.launch
 def test_scores_near_minus_1e5_through_mpi(tmp_path):
     d = 4
     q = np.ones((1, d), np.float32)
@@ -119,6 +122,7 @@ def test_scores_near_minus_1e5_through_mpi(tmp_path):
     np.testing.assert_allclose(got, attention_reference(q, k, v, h_kv=1, scale=1.0), atol=1e-5)
 
 
+@pytest.mark.launch
 def test_equal_scores_2_17_on_one_rank(tmp_path):
     """l = 2^17 on one rank: exact with fp32; the float16 wire's overflow is reported."""
     S, d = 2 ** 17, 8
@@ -139,6 +143,7 @@ def test_equal_scores_2_17_on_one_rank(tmp_path):
 
 # ---------------------------------------------------------------- determinism
 
+@pytest.mark.launch
 def test_repeated_runs_are_bit_identical(tmp_path):
     outs = []
     for i in range(2):

@@ -15,6 +15,8 @@ from gqa_mpi.tools.launcher import gqa_command
 import util
 from util import launch, read_json
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 
 MARK = util.marker(5_000_000)
 

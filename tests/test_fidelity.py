@@ -11,6 +11,7 @@ from whole_reference import attention_reference
 from util import launch, read_json, spec_kernel_model, write_inputs
 
 
+@pytest.mark.launch
 def test_trace_file_opens_and_shows_the_chain(tmp_path):
     t = tmp_path / "t.json"
     proc = launch(16, ["--seq-len", 4096, "--trace", t])
@@ -42,6 +43,7 @@ needs_reference = pytest.mark.skipif(not os.path.exists(REFERENCE),
                                      reason=f"the reference kernel is not at {REFERENCE}")
 
 
+@pytest.mark.launch
 @needs_reference
 def test_reference_kernel_equals_exact_on_symmetric_inputs(tmp_path):
     """T_q = 1, h_kv = 1, S_kv a multiple of C*P, each slice one symmetric d x d block
@@ -61,6 +63,7 @@ def test_reference_kernel_equals_exact_on_symmetric_inputs(tmp_path):
     np.testing.assert_allclose(np.load(o), exact, atol=1e-2 * np.abs(exact).max())
 
 
+@pytest.mark.launch
 @needs_reference
 def test_reference_kernel_equals_its_model_and_differs_from_exact_attention(tmp_path):
     rng = np.random.default_rng(1)

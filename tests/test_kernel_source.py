@@ -28,6 +28,7 @@ def line(proc, head):
     return next(x for x in proc.stdout.splitlines() if x.startswith(head))
 
 
+@pytest.mark.launch
 def test_corrected_kernel_passes_and_its_trace_shows_every_call(tmp_path):
     """A real launch with --trace; the other grids, S_kv < C*P and the reference
     kernel's passing and overflowing cases run in-process in tests/test_mpi.py."""
@@ -50,6 +51,7 @@ def test_corrected_kernel_passes_and_its_trace_shows_every_call(tmp_path):
     assert sum(e["ph"] == "s" for e in events) == len(sends)          # one arrow each
 
 
+@pytest.mark.launch
 @needs_reference
 def test_reference_kernel_fails_on_random_gqa_and_agrees_with_its_model(tmp_path):
     # 5003 tokens on 4 ranks: slices of 1251, 1251, 1251, 1250, of which the kernel
@@ -70,6 +72,7 @@ def test_reference_kernel_fails_on_random_gqa_and_agrees_with_its_model(tmp_path
     assert np.array_equal(np.load(src), np.load(model))       # the same kernel, run twice
 
 
+@pytest.mark.launch
 @needs_reference
 def test_reference_kernel_short_row_is_a_fault_not_a_hang():
     proc = launch(6, ["--kernel-source", REFERENCE, "--seq-len", 1200] + SMALL)   # P = 6
@@ -121,6 +124,7 @@ FAULTS = {
 }
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("name", list(FAULTS))
 def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
     body, says, where = FAULTS[name]
@@ -132,6 +136,7 @@ def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
     assert "gqa_mpi/" not in proc.stderr.split("error:", 1)[1]   # only the kernel's frames
 
 
+@pytest.mark.launch
 def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
     """MPICH's launcher reported the SIGKILL of the other ranks (exit 9) now and then
     when the job was aborted on another communicator than the world's."""
@@ -147,6 +152,7 @@ def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
         assert "kernel deadlock" in proc.stderr
 
 
+@pytest.mark.launch
 def test_timeout_names_the_spinning_rank_not_the_ones_waiting_on_it(tmp_path):
     body = """
         def spin_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
@@ -162,6 +168,7 @@ def test_timeout_names_the_spinning_rank_not_the_ones_waiting_on_it(tmp_path):
     assert "rank 0 is stuck" not in proc.stderr      # it waits in tl.recv: not stuck
 
 
+@pytest.mark.launch
 def test_an_input_file_with_a_long_header_is_read_by_every_rank(tmp_path):
     """A valid .npy whose header is 20-65 KB passed rank 0's check, then every rank's
     own np.load refused it."""
@@ -208,6 +215,7 @@ def test_a_kernel_files_top_level_runs_once_and_a_deliberate_inf_is_no_numerics_
     assert out.count("TOP LEVEL") == 1 and "numerics" not in out
 
 
+@pytest.mark.launch
 def test_a_fault_every_rank_hits_is_reported_once_with_the_ranks_counted(tmp_path):
     body = """
         def oob_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):

@@ -3,6 +3,8 @@ import pytest
 
 from gqa_mpi.mpi import launch_check as lc
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 MPICH = "MPICH Version: 5.0.2"
 OPENMPI = "Open MPI v4.1.4, package: Debian OpenMPI"
 

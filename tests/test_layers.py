@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import gqa_mpi
+import pytest
 
 PACKAGE = pathlib.Path(gqa_mpi.__file__).parent
 ORDER = ["step", "dsl", "config", "check", "mpi", "app", "tools"]
@@ -42,6 +43,7 @@ def test_each_layer_imports_only_the_layers_below_it():
             assert not imported_layers(path) & above, path
 
 
+@pytest.mark.launch
 def test_core_loads_no_mpi():
     code = ("import sys, gqa_mpi.step.attention, gqa_mpi.step.sweeps, "
             "gqa_mpi.step.schedules, gqa_mpi.step.wires, gqa_mpi.step.grid, "
@@ -55,6 +57,7 @@ def test_core_loads_no_mpi():
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.launch
 def test_the_tools_start_no_mpi():
     """The bench and the study launch mpirun; an MPI initialised in them (a singleton)
     leaves its launcher's variables to the children, and Open MPI's mpirun then exits

@@ -7,6 +7,9 @@ from gqa_mpi.app.record import RunRecord
 from gqa_mpi.app.sizing import rank_bytes
 
 from util import launch
+import pytest
+
+pytestmark = pytest.mark.launch   # every test here starts processes
 
 REFERENCE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared",
                                           "reference", "_gqa_attention_decode_long.py"))

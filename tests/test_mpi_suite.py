@@ -11,6 +11,8 @@ from gqa_mpi.tools.launcher import mpirun_command
 from util import open_mpi
 from util import run_bounded
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SUITE = [sys.executable, "-m", "pytest", "--with-mpi", "-m", "mpi", "-q", "-rs", "-p",
          "no:cacheprovider", "-p", "no:hypothesispytest", "-x",

@@ -120,6 +120,7 @@ def test_nonfinite_never_passes_compare():
     assert compare(np.ones(4), ref, 0.0).passed
 
 
+@pytest.mark.launch
 def test_the_narrow_wires_tolerance_takes_the_rounding_along_the_whole_path():
     """On the chain rank 0 never sends, so its own rounding of m is 0; the rule must
     take the largest on any rank (4 ranks, float16 wire, large scores)."""

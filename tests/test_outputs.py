@@ -134,6 +134,7 @@ def test_strict_json_has_no_infinity(tmp_path):
     assert "Infinity" not in text and "NaN" not in text
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_write_leaves_no_temp_file(tmp_path, sig):
     out = tmp_path / "o.npy"

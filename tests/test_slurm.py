@@ -15,6 +15,8 @@ import time
 
 import pytest
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "launch", "slurm.sbatch")
 pytestmark = pytest.mark.launch

@@ -7,6 +7,8 @@ from gqa_mpi.app.record import RunRecord
 
 from util import launch
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 SMALL = ["--heads-q", 8, "--heads-kv", 2, "--head-dim", 16, "--tile", 64]
 
 

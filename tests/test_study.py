@@ -20,6 +20,7 @@ def rows(path):
         return list(csv.DictReader(f))
 
 
+@pytest.mark.launch
 def test_strong_study_killed_and_resumed(tmp_path):
     out = tmp_path / "s.csv"
     cmd = STUDY + ["run", "--kind", "strong", "--ranks", "1,2,4", "--out", str(out), *TINY]
@@ -45,6 +46,7 @@ def test_strong_study_killed_and_resumed(tmp_path):
     assert "eff" in again.stdout
 
 
+@pytest.mark.launch
 def test_hung_launch_is_timed_out(tmp_path):
     out = tmp_path / "t.csv"
     hang = f"{sys.executable} -c 'import time; time.sleep(60)'"
@@ -59,6 +61,7 @@ def test_hung_launch_is_timed_out(tmp_path):
     assert row["status"] == "timeout" and "after 2 s" in row["error"]
 
 
+@pytest.mark.launch
 def test_config_file_and_plots(tmp_path):
     pytest.importorskip("matplotlib")
     cfg = tmp_path / "study.json"
@@ -79,6 +82,7 @@ def test_config_file_and_plots(tmp_path):
         assert (tmp_path / "png" / name).read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.launch
 def test_bad_config_key(tmp_path):
     cfg = tmp_path / "bad.toml"
     cfg.write_text('kind = "strong"\nrankz = "1,2"\n')
@@ -107,6 +111,7 @@ def hanging_study(out):
     return proc
 
 
+@pytest.mark.launch
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_ends_the_launch_records_nothing_and_resumes(tmp_path, sig):
     out = tmp_path / "s.csv"
@@ -121,6 +126,7 @@ def test_a_signal_ends_the_launch_records_nothing_and_resumes(tmp_path, sig):
     assert os.listdir(tmp_path) == []                     # no temp record left
 
 
+@pytest.mark.launch
 def test_kill_9_of_the_study_takes_its_launch_along(tmp_path):
     proc = hanging_study(tmp_path / "s.csv")
     proc.kill()
@@ -136,6 +142,7 @@ def quick_study(out, repeats, **kw):
                           timeout=120, **kw)
 
 
+@pytest.mark.launch
 def test_a_cut_last_line_is_repaired_and_no_row_is_lost_or_glued(tmp_path):
     out = tmp_path / "s.csv"
     assert quick_study(out, 2).returncode == 0
@@ -151,6 +158,7 @@ def test_a_cut_last_line_is_repaired_and_no_row_is_lost_or_glued(tmp_path):
     assert all(len(line.split(",")) >= 40 for line in out.read_text().splitlines())
 
 
+@pytest.mark.launch
 def test_garbage_rows_are_skipped_and_kept(tmp_path):
     out = tmp_path / "s.csv"
     assert quick_study(out, 1).returncode == 0
@@ -163,6 +171,7 @@ def test_garbage_rows_are_skipped_and_kept(tmp_path):
     assert "1 already in" in again.stderr
 
 
+@pytest.mark.launch
 def test_a_damaged_header_is_refused_not_rerun(tmp_path):
     out = tmp_path / "s.csv"
     out.write_text("run_id,repeat,whatever\nx,0,1\n")
@@ -201,6 +210,7 @@ def test_summary_of_a_missing_file_is_one_line(capsys, tmp_path):
     assert "no such results file" in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.launch
 def test_numerics_study_and_its_plot(tmp_path):
     out = tmp_path / "num.csv"
     proc = subprocess.run(STUDY + ["run", "--kind", "numerics", "--ranks", "3", *TINY,
@@ -331,6 +341,7 @@ def test_a_numerics_study_without_its_check_is_refused(tmp_path, capsys):
     assert "drop --no-check" in capsys.readouterr().err
 
 
+@pytest.mark.launch
 def test_a_study_of_the_prediction_keeps_it_beside_the_measured_step_and_plots_it(tmp_path):
     out = tmp_path / "p.csv"
     proc = subprocess.run(STUDY + ["run", "--kind", "strong", "--ranks", "1,2", "--repeats", "1",

@@ -22,6 +22,8 @@ from whole_reference import attention_reference
 
 from util import random_inputs, write_inputs
 
+pytestmark = pytest.mark.launch   # every test here starts processes
+
 RSH = """#!/bin/sh
 # Hydra calls: <this script> HOST COMMAND...; run COMMAND inside HOST's namespace.
 host=$1; shift

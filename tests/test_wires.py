@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from gqa_mpi.check.judge import (CONTROL_FACTOR, SOURCE_TOLERANCE, compare, tolerance,
-                               wire_tolerance)
+from gqa_mpi.check.judge import CONTROL_FACTOR, compare, tolerance, wire_tolerance
 from gqa_mpi.config.config import Config
+from gqa_mpi.config.modes import SOURCE_TOLERANCE
 from gqa_mpi.step.attention import Partial, empty_partial
 from gqa_mpi.step.wires import WIRES, pack, unpack
 

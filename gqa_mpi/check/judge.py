@@ -12,7 +12,7 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..config.config import Config
-from ..config.modes import SOURCE_TOLERANCE, Emulated  # noqa: F401  (SOURCE_TOLERANCE: the rule's name here)
+from ..config.modes import Emulated
 from ..step.wires import Wire
 from .streamed import modelled
 

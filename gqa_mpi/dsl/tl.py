@@ -254,7 +254,19 @@ class Monitor:
 
     def call(self, name: str, kind: str, amount: float, direction: Optional[str] = None
              ) -> None:
-        """Keep a call for the replay of ``--predict`` (when recording)."""
+        """A call that has a cost: counted for the report (its bytes, flops, messages),
+        and kept for the replay of ``--predict`` when recording."""
+        c = self.count
+        if kind == "mem":
+            if name == "load":
+                c.loaded_bytes += amount
+            else:
+                c.stored_bytes += amount
+        elif kind == "dot":
+            c.dot_flops += amount
+        elif kind in ("send", "recv"):
+            total = (c.sent if kind == "send" else c.received).setdefault(direction, [0, 0])
+            total[0], total[1] = total[0] + 1, total[1] + amount
         if self.calls is not None:
             self.calls.append((name, kind, amount, direction, self.line()))
 
@@ -464,7 +476,6 @@ class Backend:
             # a view: the store that follows into this region copies the region first
             a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
         r.lent = True
-        self.count.loaded_bytes += nbytes
         self.monitor.call("load", "mem", nbytes)
         if r.row_bytes:
             r.read.append((off, off + nbytes))
@@ -478,7 +489,6 @@ class Backend:
             r.data, r.lent = r.data.copy(), False
         with self._traced("store", shape=list(np.shape(a)), bytes=a.nbytes):
             r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
-        self.count.stored_bytes += a.nbytes
         self.monitor.call("store", "mem", a.nbytes)
 
     def dot(self, a: Tensor, b: Tensor) -> Tensor:
@@ -492,7 +502,6 @@ class Backend:
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
             out = out.astype(out_dt, copy=False)
         flops = 2 * x.shape[0] * x.shape[1] * y.shape[1]
-        self.count.dot_flops += flops
         self.monitor.call("dot", "dot", flops)
         return self._tensor(out, "dot", (x, y))
 
@@ -576,8 +585,6 @@ class Backend:
                           bytes=a.nbytes):
             self.link.send(dir, a, self.monitor.line)
         self.monitor.call("send", "send", a.nbytes, dir)
-        sent = self.count.sent.setdefault(dir, [0, 0])
-        sent[0], sent[1] = sent[0] + 1, sent[1] + a.nbytes
 
     def recv(self, dir: str, shape, dtype="f16") -> Tensor:  # noqa: A002
         """The next message sent this way from ``dir``, as ``shape`` of ``dtype``."""
@@ -589,8 +596,6 @@ class Backend:
             raw = self.link.recv(dir, nbytes, self.monitor.line,
                                  f"shape {shape} {DSL_NAMES[dt]}")
         self.monitor.call("recv", "recv", nbytes, dir)
-        got = self.count.received.setdefault(dir, [0, 0])
-        got[0], got[1] = got[0] + 1, got[1] + nbytes
         return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self)
 
     def _need_link(self, call: str) -> None:
