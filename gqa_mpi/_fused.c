@@ -7,8 +7,9 @@
  *   m, l, O  (B, H, R), (B, H, R), (B, H, R, d) float32: the running partial, updated
  *   lo, hi   tokens [lo, hi) of the slice; tiles of `tile` tokens start at lo
  *   row_hi   None, or (R,) int64: row r sees the slice's tokens < row_hi[r] (causal)
- * isa(): the instruction set the sweep runs on: avx512, avx2 or generic, the best the
- *   CPU supports, picked at import (see pick for calls that wait on memory).
+ * isa(R=0, half=False): the instruction set a sweep of R query rows per KV head (float16
+ *   K and V where half) runs on: avx512, avx2 or generic; with R = 0, the best the CPU
+ *   supports, picked at import (see pick for calls that wait on memory).
  * scratch_bytes(R, d): the scratch one sweep allocates.
  *
  * The sweep (_sweep.h) is compiled once per instruction set (_sweep_avx512.c,
@@ -24,7 +25,7 @@
  * wider loops read memory no faster, and on cores that run 512-bit instructions as two
  * halves they swept such calls slower (docs/performance.md). */
 static sweep_fn *chosen = sweep_generic, *narrow = NULL;
-static const char *chosen_name = "generic";
+static const char *chosen_name = "generic", *narrow_name = "avx2";
 
 static void pick(void) {
 #ifdef GQA_X86
@@ -38,6 +39,13 @@ static void pick(void) {
         chosen = sweep_avx2, chosen_name = "avx2";
     }
 #endif
+}
+
+/* The sweep a call of R rows per KV head runs, and its name. */
+static sweep_fn *path(Py_ssize_t R, int half, const char **name) {
+    const int narrowed = narrow && R > 0 && TWICE(GROUP(R), half);
+    if (name) *name = narrowed ? narrow_name : chosen_name;
+    return narrowed ? narrow : chosen;
 }
 
 static int is_f32(const Py_buffer *b) { return b->itemsize == 4 && b->format && !strcmp(b->format, "f"); }
@@ -107,7 +115,7 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
         sweep_args a = {NULL, NULL, NULL, half, R, d, lo, hi, tile,
                         n_bufs == 7 ? (const Py_ssize_t *)b[6].buf : NULL,
                         NULL, NULL, NULL, scratch};
-        sweep_fn *fn = narrow && TWICE(GROUP(R), half) ? narrow : chosen;
+        sweep_fn *fn = path(R, half, NULL);
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t h = 0; h < heads; h++) {
             a.q = (const float *)b[0].buf + h * R * d;
@@ -128,7 +136,14 @@ done:
     return result;
 }
 
-static PyObject *isa(PyObject *self, PyObject *unused) { return PyUnicode_FromString(chosen_name); }
+static PyObject *isa(PyObject *self, PyObject *args) {
+    Py_ssize_t R = 0;
+    int half = 0;
+    const char *name;
+    if (!PyArg_ParseTuple(args, "|np", &R, &half)) return NULL;
+    path(R, half, &name);
+    return PyUnicode_FromString(name);
+}
 
 static PyObject *scratch_bytes(PyObject *self, PyObject *args) {
     Py_ssize_t R, d;
@@ -140,7 +155,9 @@ static PyMethodDef methods[] = {
     {"sweep", sweep, METH_VARARGS,
      "sweep(q, k, v, m, l, O, lo, hi, tile, row_hi): sweep tokens [lo, hi) of every KV "
      "head, updating the running partial (m, l, O); see the module's source"},
-    {"isa", isa, METH_NOARGS, "isa(): the instruction set the sweep runs on (avx512, avx2 or generic)"},
+    {"isa", isa, METH_VARARGS,
+     "isa(R=0, half=False): the instruction set (avx512, avx2 or generic) a sweep of R query "
+     "rows per KV head runs on, float16 K and V where half; with R = 0 the best the CPU has"},
     {"scratch_bytes", scratch_bytes, METH_VARARGS,
      "scratch_bytes(R, d): the bytes of scratch one sweep of R query rows of d allocates"},
     {NULL, NULL, 0, NULL},

@@ -94,6 +94,7 @@ def test_the_default_runs_the_best_path_and_avx2_where_memory_binds(paths_lib, G
     assert fused.isa() == best
     fpb = 2 * min(8, 2 ** int(np.log2(G))) // np.dtype(dtype).itemsize
     runs = "avx2" if best == "avx512" and 1 <= fpb < 4 else best
+    assert fused.isa(G, dtype == "float16") == sweeps.isa(G, dtype) == runs
     rng = np.random.default_rng(G)
     q = rng.standard_normal((1, 1, 2 * G * 64)).astype(np.float32)
     k, v = (rng.standard_normal((1, 700, 2 * 64)).astype(np.float32) for _ in "kv")

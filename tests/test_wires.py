@@ -2,9 +2,9 @@
 import numpy as np
 import pytest
 
-from gqa_mpi.check.judge import CONTROL_FACTOR, compare, tolerance, wire_tolerance
+from gqa_mpi.check.judge import CONTROL_FACTOR, compare, tolerance
 from gqa_mpi.config.config import Config
-from gqa_mpi.config.modes import SOURCE_TOLERANCE
+from gqa_mpi.config.modes import SOURCE_TOLERANCE, Emulated
 from gqa_mpi.step.attention import Partial, empty_partial
 from gqa_mpi.step.wires import WIRES, pack, unpack
 
@@ -48,8 +48,8 @@ def test_packed_is_one_buffer_and_unpack_is_a_view():
 
 
 def test_tolerance_adds_twice_the_m_rounding_to_the_wires_floor():
-    assert wire_tolerance(WIRES.get("fp32"), 0.0) == 1e-4
-    assert wire_tolerance(WIRES.get("kernel"), 0.01) == pytest.approx(1e-2 + 0.02)
+    assert Emulated.tolerance(WIRES.get("fp32"), 0.0) == 1e-4
+    assert Emulated.tolerance(WIRES.get("kernel"), 0.01) == pytest.approx(1e-2 + 0.02)
     assert tolerance(Config(), 0.0) == 1e-4
     assert tolerance(Config(kernel_source="k.py"), 0.5) == SOURCE_TOLERANCE   # its own rule
 

@@ -55,7 +55,7 @@ def _shown(f) -> str:
         return shown
     if isinstance(f.default, bool):
         return "on" if f.default else "off"
-    return str(f.default)
+    return f.metadata["format"](f.default) if f.default is not None else "none"
 
 
 def add_arguments(parser: argparse.ArgumentParser, names: Optional[List[str]] = None,

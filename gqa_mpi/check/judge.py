@@ -12,8 +12,6 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from ..config.config import Config
-from ..config.modes import Emulated
-from ..step.wires import Wire
 from .streamed import modelled
 
 CONTROL_FACTOR = 4.0
@@ -61,11 +59,6 @@ def tolerance(cfg: Config, m_rounding: float) -> float:
     :data:`~gqa_mpi.config.modes.SOURCE_TOLERANCE`). With large scores (no 1/sqrt(d)
     scale, say) float16's rounding of m alone reaches 1e-2, which is why it counts."""
     return cfg.mode.tolerance(cfg.wire_format, m_rounding)
-
-
-def wire_tolerance(wire: Wire, m_rounding: float) -> float:
-    """The floor of the emulation's step over ``wire`` (see :func:`tolerance`)."""
-    return Emulated.tolerance(wire, m_rounding)
 
 
 def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,

@@ -29,7 +29,7 @@ from ..step.grid import Grid
 from ..step.partition import Placement, rank_tokens
 from ..step.schedules import SCHEDULES, Schedule
 from ..step.wires import WIRES, Wire
-from .modes import mode_of
+from .modes import Emulated, mode_of
 
 def opt(default, group: str, *, metavar: Optional[str] = None, parse=None, format=str,
         choices=None, shown: Optional[str] = None, common: bool = False,
@@ -115,7 +115,7 @@ class Config:
         common=True)
     """PEs per cube, 1..rows*cols of the grid; rank = cube * P + pe"""
     grid: Tuple[int, int] = opt((2, 4), "layout", metavar="RxC", parse=parse_grid,
-                                format=format_grid, shown="2x4", study=True)
+                                format=format_grid, study=True)
     """PE grid of one cube, rows x columns; PE pe sits at divmod(pe, cols) and a
     cube's last row may be short"""
     split: Optional[Tuple[int, ...]] = opt(None, "layout", metavar="N0,N1,...",
@@ -124,7 +124,7 @@ class Config:
                                            "S_kv % n ranks take one more")
     """tokens held by each rank, in rank order, adding up to S_kv"""
     placement: Placement = opt(Placement(None), "layout", metavar="POLICY",
-                               parse=Placement.parse, shown="contiguous", library=False,
+                               parse=Placement.parse, library=False,
                                study=True)
     """with --steps: which rank takes each new token i of the cache: contiguous (the
     last rank, as Tree Attention), round-robin (rank i mod n, as vLLM's interleave) or
@@ -169,7 +169,7 @@ class Config:
     AVX-512/AVX2/portable C picked from the CPU); numpy = the reference tile sweep on
     BLAS; auto = fused if it loads, else numpy with a note"""
     kv_dtype: Optional[Literal[KV_DTYPES]] = opt(None, "algorithm", shown=(
-        "float16 if k.npy is float16 or with --kernel-source, else float32"))
+        f"float16 if k.npy is float16 or with --kernel-source, else {Emulated.kv_dtype}"))
     """how each rank holds its K and V slice: float16 halves the bytes streamed and
     the memory held, as on the accelerator; arithmetic stays float32"""
     reduce: str = opt("chain", "algorithm", choices=SCHEDULES)
@@ -405,13 +405,15 @@ def _text(f, value):
 
 
 def default_topology(world: int, cubes: Optional[int], pes: Optional[int],
-                     grid: Tuple[int, int] = (2, 4)) -> Tuple[int, int]:
+                     grid: Optional[Tuple[int, int]] = None) -> Tuple[int, int]:
     """Fill in ``(C, P)`` from the world size where the user left them out.
 
     With neither given, P is the largest divisor of the world size that fits the
     grid (16 ranks and a 2x4 grid give 2 cubes of 8 PEs; 12 give 2 cubes of 6).
-    With one given, the other is the world size divided by it.
+    With one given, the other is the world size divided by it. ``grid``: Config's
+    default where not given.
     """
+    grid = grid or Config.grid
     if cubes is None and pes is None:
         pes = max(p for p in range(1, min(world, grid[0] * grid[1]) + 1) if world % p == 0)
     if cubes is None:

@@ -26,7 +26,7 @@ class EmulatedStep(LocalStep):
         self.cfg, self.topo, self.rec = cfg, topo, recorder
         self.sweep, self.note = select(cfg.kernel)
         self.name = self.sweep.name
-        self.isa = isa()
+        self.isa = isa(cfg.group * cfg.queries, cfg.kv_dtype)
         self.calls: List = []
         self.traffic = Traffic()
         self.scores_nonfinite = False

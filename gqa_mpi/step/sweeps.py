@@ -54,11 +54,14 @@ def aligned(shape, dtype, zero: bool = False) -> np.ndarray:
     return raw[at:at + nbytes].view(dtype).reshape(shape)
 
 
-def isa() -> str:
-    """The instruction set the fused kernel runs on here ('avx512', 'avx2', 'generic'),
-    or 'none' where it is not built. On an AVX-512 CPU with AVX2, a sweep whose groups of
-    rows wait on memory (fewer than 4 flops per byte of K and V) runs on AVX2."""
-    return _fused.isa() if _fused is not None else "none"
+def isa(rows: int = 0, dtype=np.float32) -> str:
+    """The instruction set the fused sweep of ``rows`` query rows per KV head (K and V of
+    ``dtype``) runs on here, 'avx512', 'avx2' or 'generic'; with ``rows`` 0 the best this
+    CPU has; 'none' where the fused sweep is not built. On a CPU with AVX-512 and AVX2, a
+    sweep whose groups of rows wait on memory runs on AVX2 (docs/performance.md)."""
+    if _fused is None:
+        return "none"
+    return _fused.isa(rows, np.dtype(dtype) == np.float16)
 
 
 def key_blocks(S: int, B: int, h_kv: int, d: int, dtype) -> np.ndarray:

@@ -4,7 +4,7 @@ roofline, and what the rest of a step adds.
 Everything is measured in one run, on the same data, with one BLAS thread, and
 printed as a ratio to a baseline measured alongside it. One subcommand per table:
 
-- ``local``: both local kernels (the fused C kernel and the NumPy reference sweep) against the
+- ``local``: both local sweeps (the fused C sweep and the NumPy reference) against the
   limit ``max(time to read the resident K and V once, flops at the peak sgemm rate)``,
   both measured here, for float32 and float16 resident K/V (each with its own read
   time, the fastest way :mod:`gqa_mpi.tools.reads` has); with the scratch high-water
@@ -16,8 +16,8 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   schedule and wire; ``startup``: a tiny 16-rank run against the bare imports;
 - ``step``: the whole decode step of real launches at 1..N ranks
   against the host's read limit (the K and V bytes all ranks hold over the bandwidth
-  of a read probe on as many processes, the fastest way it has), for ``chain`` and ``allgather``, float32
-  and float16 K/V, with what explains the gap (the slowest sweep, the skew between
+  of a read probe on as many processes, the fastest way it has), for ``chain`` and
+  ``allgather``, float32 and float16 K/V, with what explains the gap (the slowest sweep, the skew between
   sweeps, what the reduction adds);
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
   sweep of the same float16 tiles, per launch;
@@ -371,96 +371,93 @@ def _sizes(text: str) -> List[int]:
     return out
 
 
-def _launch_rows(title: str, rows: List[Dict], columns) -> None:
-    """A table of one row per launch: ranks, tokens per rank, G, then ``columns``
-    (header, width, text of a row); a failed launch says why."""
-    print("\n" + title)
-    print(f"{'ranks':>5} {'tokens/rank':>11} {'G':>3} "
-          + " ".join(f"{h:>{w}}" for h, w, _ in columns))
+def _ms(key):
+    return lambda r: f"{r[key] * 1e3:.2f}"
+
+
+def _ratio(key, digits=2):
+    return lambda r: f"{r[key]:.{digits}f}"
+
+
+def _table(title: str, rows: List[Dict], columns, lead: int = 0) -> None:
+    """One table: ``title``, a header, and a row each, its columns ``(header, text of a
+    row)``; a row with an ``error`` shows its first ``lead`` columns and why it failed."""
+    print(title)
+    width = [max(len(h), 5) for h, _ in columns]
+    print(" ".join(f"{h:>{w}}" for (h, _), w in zip(columns, width)))
     for r in rows:
-        if "error" in r:
-            print(f"{r['ranks']:>5}  failed: {r['error']}")
-            continue
-        print(f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['G']:>3} "
-              + " ".join(f"{text(r):>{w}}" for _, w, text in columns))
+        cells = [(text(r) if "error" not in r or i < lead else "") for i, (_, text)
+                 in enumerate(columns)]
+        line = " ".join(f"{c:>{w}}" for c, w in zip(cells[:lead] if "error" in r else cells,
+                                                    width))
+        print(line + (f"  failed: {r['error']}" if "error" in r else ""))
+
+
+def _local_columns(local: List[Dict]):
+    nan = float("nan")
+    extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
+    return ([("G", lambda r: r["G"]), ("S_local", lambda r: r["S_local"]),
+             ("K/V", lambda r: r["kv_dtype"]), ("tile", lambda r: r["tile"]),
+             ("read ms", _ms("read_s")), ("read way", lambda r: r["read_way"]),
+             ("flop ms", _ms("flop_s")),
+             ("fused ms", lambda r: f"{r.get('fused_s', nan) * 1e3:.2f}"),
+             ("fused/limit", lambda r: f"{r.get('fused_over_limit', nan):.2f}"),
+             ("numpy ms", _ms("numpy_s")), ("numpy/limit", _ratio("numpy_over_limit")),
+             ("scratch KiB", lambda r: f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:.0f}")]
+            + [(f"{e}/ours", lambda r, e=e: f"{r.get(e + '_over_ours', nan):.2f}")
+               for e in extra])
 
 
 def print_tables(result: Dict) -> None:
     local = result.get("local")
     if local:
-        print(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
-              f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} GFLOP/s")
-        print("  limit = max(read the resident K and V once, flops at peak sgemm), per K/V "
-              "dtype; the read is the\n  fastest way NumPy, BLAS and PyTorch have (read way: "
-              "numpy.sum, numpy.dot, sgemv, torch.sum)\n  X/limit: 1.0 is the limit, lower is "
-              "impossible, higher is slower; torch/ours: above 1 we are faster")
-        extra = [k[:-len("_over_ours")] for k in local[0] if k.endswith("_over_ours")]
-        print(f"{'G':>2} {'S_local':>8} {'K/V':>7} {'tile':>5} {'read ms':>8} {'read way':>9} "
-              f"{'flop ms':>8} {'fused ms':>9} {'fused/limit':>11} {'numpy ms':>9} "
-              f"{'numpy/limit':>11} {'scratch KiB':>11}  "
-              + "  ".join(f"{e + '/ours':>17}" for e in extra))
-        nan = float("nan")
-        for r in local:
-            print(f"{r['G']:>2} {r['S_local']:>8} {r['kv_dtype']:>7} {r['tile']:>5} "
-                  f"{r['read_s'] * 1e3:>8.2f} {r['read_way']:>9} {r['flop_s'] * 1e3:>8.2f} "
-                  f"{r.get('fused_s', nan) * 1e3:>9.2f} {r.get('fused_over_limit', nan):>11.2f} "
-                  f"{r['numpy_s'] * 1e3:>9.2f} {r['numpy_over_limit']:>11.2f} "
-                  f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:>11.0f}  "
-                  + "  ".join(f"{r.get(e + '_over_ours', nan):>17.2f}" for e in extra))
+        _table(f"local attention, 1 thread, h_kv={result['h_kv']} d={result['d']} T_q=1; "
+               f"fused kernel: {result['isa']}; peak sgemm {local[0]['sgemm_gflops']:.0f} "
+               f"GFLOP/s\n  limit = max(read the resident K and V once, flops at peak sgemm), "
+               f"per K/V dtype; the read is the\n  fastest way NumPy, BLAS and PyTorch have "
+               f"(read way: numpy.sum, numpy.dot, sgemv, torch.sum)\n  X/limit: 1.0 is the "
+               f"limit, lower is impossible, higher is slower; torch/ours: above 1 we are "
+               f"faster", local, _local_columns(local))
     if result.get("reduction"):
-        print("\nreduction from real mpirun launches, median step: 'reduce' is the step "
-              "time beyond the slowest\nlocal sweep (what the reduction adds); 'local' "
-              "the slowest rank's sweep")
-        print(f"{'ranks':>5} {'tokens/rank':>11} {'reduce':>15} {'wire':>6} {'hops':>4} "
-              f"{'reduce ms':>9} {'local ms':>9} {'reduce/local':>12} {'messages':>8}")
-        for r in result["reduction"]:
-            head = (f"{r['ranks']:>5} {r['tokens_per_rank']:>11} {r['reduce']:>15} "
-                    f"{r['wire']:>6}")
-            if "error" in r:
-                print(f"{head}  failed: {r['error']}")
-                continue
-            hops = "-" if r["hops"] is None else r["hops"]
-            print(f"{head} {hops:>4} "
-                  f"{r['reduce_s'] * 1e3:>9.2f} {r['local_s'] * 1e3:>9.2f} "
-                  f"{r['reduce_over_local']:>12.3f} {r['messages']:>8}")
+        _table("\nreduction from real mpirun launches, median step: 'reduce' is the step "
+               "time beyond the slowest\nlocal sweep (what the reduction adds); 'local' the "
+               "slowest rank's sweep", result["reduction"],
+               [("ranks", lambda r: r["ranks"]), ("tokens/rank", lambda r: r["tokens_per_rank"]),
+                ("reduce", lambda r: r["reduce"]), ("wire", lambda r: r["wire"]),
+                ("hops", lambda r: "-" if r["hops"] is None else r["hops"]),
+                ("reduce ms", _ms("reduce_s")), ("local ms", _ms("local_s")),
+                ("reduce/local", _ratio("reduce_over_local", 3)),
+                ("messages", lambda r: r["messages"])], lead=4)
     if result.get("step"):
-        print(f"\nthe whole step against the read limit, real mpirun launches at "
-              f"{result['step_tokens']} tokens per rank, h_kv={result['h_kv']} "
-              f"d={result['d']}:\n  limit = the K and V bytes all ranks hold / the read "
-              f"bandwidth of a probe on as many processes, the\n  fastest way it has (read "
-              f"way); step = rank 0's step, the mean over the loop; local = the "
-              f"slowest rank's\n  sweep; skew = slowest - fastest sweep; beyond = what the "
-              f"reduction adds after the slowest sweep\n  (medians over the steps)")
-        print(f"{'ranks':>5} {'read GB/s':>9} {'read way':>9} {'K/V':>7} "
-              f"{'G':>2} {'reduce':>9} {'step ms':>8} {'limit ms':>8} {'step/limit':>10} "
-              f"{'local/limit':>11} {'skew ms':>7} {'beyond ms':>9}")
-        for r in result["step"]:
-            head = (f"{r['ranks']:>5} {r.get('read_gbs', float('nan')):>9.1f} "
-                    f"{r.get('read_way', '-'):>9} {r['kv_dtype']:>7}")
-            if "error" in r:
-                print(f"{head} {r.get('G', '-'):>2} {r.get('reduce', '-'):>9}  failed: "
-                      f"{r['error']}")
-                continue
-            print(f"{head} {r['G']:>2} {r['reduce']:>9} {r['step_s'] * 1e3:>8.2f} "
-                  f"{r['limit_s'] * 1e3:>8.2f} {r['step_over_limit']:>10.2f} "
-                  f"{r['local_over_limit']:>11.2f} {r['skew_s'] * 1e3:>7.2f} "
-                  f"{r['beyond_s'] * 1e3:>9.2f}")
+        _table(f"\nthe whole step against the read limit, real mpirun launches at "
+               f"{result['step_tokens']} tokens per rank, h_kv={result['h_kv']} "
+               f"d={result['d']}:\n  limit = the K and V bytes all ranks hold / the read "
+               f"bandwidth of a probe on as many processes, the\n  fastest way it has (read "
+               f"way); step = rank 0's step, the mean over the loop; local = the slowest "
+               f"rank's\n  sweep; skew = slowest - fastest sweep; beyond = what the reduction "
+               f"adds after the slowest sweep\n  (medians over the steps)", result["step"],
+               [("ranks", lambda r: r["ranks"]),
+                ("read GB/s", lambda r: f"{r.get('read_gbs', float('nan')):.1f}"),
+                ("read way", lambda r: r.get("read_way", "-")), ("K/V", lambda r: r["kv_dtype"]),
+                ("G", lambda r: r.get("G", "-")), ("reduce", lambda r: r.get("reduce", "-")),
+                ("step ms", _ms("step_s")), ("limit ms", _ms("limit_s")),
+                ("step/limit", _ratio("step_over_limit")),
+                ("local/limit", _ratio("local_over_limit")), ("skew ms", _ms("skew_s")),
+                ("beyond ms", _ms("beyond_s"))], lead=6)
+    launch = [("ranks", lambda r: r["ranks"]), ("tokens/rank", lambda r: r["tokens_per_rank"]),
+              ("G", lambda r: r["G"])]
     if result.get("source"):
-        _launch_rows(f"--kernel-source {result['source_file']} from real mpirun launches, "
-                     f"h_kv=1: the kernel run through gqa_mpi's tl\nover the same float16 "
-                     f"tiles swept by the NumPy kernel (slowest rank, one launch each)",
-                     result["source"], [("tl ms", 9, lambda r: f"{r['source_s'] * 1e3:.1f}"),
-                                        ("numpy ms", 9, lambda r: f"{r['numpy_s'] * 1e3:.1f}"),
-                                        ("tl/numpy", 9, lambda r: f"{r['source_over_numpy']:.2f}")])
+        _table(f"\n--kernel-source {result['source_file']} from real mpirun launches, h_kv=1: "
+               f"the kernel run through gqa_mpi's tl\nover the same float16 tiles swept by "
+               f"the NumPy kernel (slowest rank, one launch each)", result["source"],
+               launch + [("tl ms", _ms("source_s")), ("numpy ms", _ms("numpy_s")),
+                         ("tl/numpy", _ratio("source_over_numpy"))], lead=1)
     if result.get("predict"):
-        _launch_rows(f"--kernel-source {result['predict_file']} --predict {result['profile']} "
-                     f"from real mpirun launches: the predicted step over the measured one "
-                     f"(the slowest rank's call of the kernel, one launch each)",
-                     result["predict"],
-                     [("measured ms", 11, lambda r: f"{r['measured_s'] * 1e3:.1f}"),
-                      ("predicted ms", 12, lambda r: f"{r['predicted_s'] * 1e3:.1f}"),
-                      ("predicted/measured", 18,
-                       lambda r: f"{r['predicted_over_measured']:.2f}")])
+        _table(f"\n--kernel-source {result['predict_file']} --predict {result['profile']} from "
+               f"real mpirun launches: the predicted step over the measured one (the slowest "
+               f"rank's call of the kernel, one launch each)", result["predict"],
+               launch + [("measured ms", _ms("measured_s")), ("predicted ms", _ms("predicted_s")),
+                         ("predicted/measured", _ratio("predicted_over_measured"))], lead=1)
     s = result.get("startup")
     if s:
         print(f"\nstart-up: import gqa_mpi {s['import_s'] * 1e3:.0f} ms; 16-rank tiny run "
@@ -469,7 +466,7 @@ def print_tables(result: Dict) -> None:
 
 
 SUBCOMMANDS = {
-    "local": "the local kernels over one slice against the read/flop limit, and torch",
+    "local": "the local sweeps over one slice against the read/flop limit, and torch",
     "reduce": "real launches: what each schedule and wire adds to a step",
     "step": "real launches: the whole step against the host's read limit at N ranks",
     "source": "real launches: a kernel's own file through gqa_mpi's tl against the "
