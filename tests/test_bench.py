@@ -24,8 +24,8 @@ def test_bench_quick_runs(tmp_path):
     assert {r["tile"] for r in rec["local"]} == {256, 1024}
     assert {r["kv_dtype"] for r in rec["local"]} == {"float32", "float16"}
     assert all(r["fused_over_limit"] > 0 and r["read_way"] for r in rec["local"])
-    assert "bench: local: S_local 1024" in proc.stderr      # a line as each piece starts
-    assert "bench: reduce: 2 rank(s)" in proc.stderr
+    assert "bench: local: S_local 1024, float32 K/V" in proc.stderr   # a line a piece
+    assert "bench: reduce: 2 rank(s)" in proc.stderr and " -m gqa_mpi --seq-len" in proc.stderr
     assert all("error" not in r for r in rec["reduction"])
     assert {r["reduce"] for r in rec["reduction"]} == set(SCHEDULES.names())
     proc, rec = bench(tmp_path, "step", "--quick")

@@ -69,51 +69,6 @@ def format_report(record: RunRecord) -> str:
     return "\n".join(lines)
 
 
-class _Emulated:
-    """The report's lines of the emulation's own step."""
-
-    @staticmethod
-    def lines(record: RunRecord) -> List[str]:
-        return _emulated_lines(record)
-
-    @staticmethod
-    def wire_lines(record: RunRecord) -> List[str]:
-        wire = record.config.wire_format
-        return ([f"wire      {wire.name}: no overflow; m rounded by up to "
-                 f"{record.m_rounding:.3g}"] if wire.lossy else [])
-
-    @staticmethod
-    def traffic(record: RunRecord) -> str:
-        return f"{'traffic':<9} {record.messages} messages, {fmt(record.bytes)}; "
-
-    @staticmethod
-    def against(record: RunRecord) -> str:
-        return "float64 reference" + (" on the float16 K/V the ranks hold"
-                                      if record.config.kv_dtype == "float16" else "")
-
-
-class _Source:
-    """The report's lines of a ``--kernel-source`` run."""
-
-    @staticmethod
-    def lines(record: RunRecord) -> List[str]:
-        return _source_lines(record)
-
-    @staticmethod
-    def wire_lines(record: RunRecord) -> List[str]:
-        return []
-
-    @staticmethod
-    def traffic(record: RunRecord) -> str:
-        return f"{'memory':<9} "
-
-    @staticmethod
-    def against(record: RunRecord) -> str:
-        return "float64 exact attention on the float16 values the kernel's memory holds"
-
-
-REPORTS = {"emulated": _Emulated, "source": _Source}
-"""Each mode's lines (:attr:`gqa_mpi.config.modes.Emulated.name`)."""
 
 
 def _emulated_lines(record: RunRecord) -> List[str]:
@@ -167,6 +122,49 @@ def _source_lines(record: RunRecord) -> List[str]:
                  f"{sum(s['dot_flops'] for s in every) / 1e9:.3g} GFLOP; messages "
                  f"{directions}")
     return lines
+
+
+class _Emulated:
+    """The report's lines of the emulation's own step."""
+
+    lines = staticmethod(_emulated_lines)
+
+    @staticmethod
+    def wire_lines(record: RunRecord) -> List[str]:
+        wire = record.config.wire_format
+        return ([f"wire      {wire.name}: no overflow; m rounded by up to "
+                 f"{record.m_rounding:.3g}"] if wire.lossy else [])
+
+    @staticmethod
+    def traffic(record: RunRecord) -> str:
+        return f"{'traffic':<9} {record.messages} messages, {fmt(record.bytes)}; "
+
+    @staticmethod
+    def against(record: RunRecord) -> str:
+        return "float64 reference" + (" on the float16 K/V the ranks hold"
+                                      if record.config.kv_dtype == "float16" else "")
+
+
+class _Source:
+    """The report's lines of a ``--kernel-source`` run."""
+
+    lines = staticmethod(_source_lines)
+
+    @staticmethod
+    def wire_lines(record: RunRecord) -> List[str]:
+        return []
+
+    @staticmethod
+    def traffic(record: RunRecord) -> str:
+        return f"{'memory':<9} "
+
+    @staticmethod
+    def against(record: RunRecord) -> str:
+        return "float64 exact attention on the float16 values the kernel's memory holds"
+
+
+REPORTS = {"emulated": _Emulated, "source": _Source}
+"""Each mode's lines (:attr:`gqa_mpi.config.modes.Emulated.name`)."""
 
 
 def _check_lines(record: RunRecord) -> List[str]:

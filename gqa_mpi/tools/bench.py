@@ -40,6 +40,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import shlex  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -123,10 +124,10 @@ def local_table(tokens: List[int], tiles: List[int], groups: List[int], h_kv: in
     fused = sweeps.FusedSweep if sweeps.FUSED_ERROR is None else None
     rows = []
     for S in tokens:
-        _progress(f"local: S_local {S}")
         k_rows, v_rows = (rng.standard_normal((1, S, h_kv * d), dtype=np.float32)
                           for _ in "kv")
         for dtype in ("float32", "float16"):
+            _progress(f"local: S_local {S}, {dtype} K/V")
             src = {"k": k_rows, "v": v_rows}
             held = {kern.name: sweeps.make_resident(kern, lambda n, i, j: src[n][:, i:j],
                                                      S, 1, h_kv, d, np.dtype(dtype))
@@ -327,8 +328,10 @@ def _why(proc: subprocess.CompletedProcess) -> str:
 
 
 def _launch(cmd: List[str], timeout: float) -> subprocess.CompletedProcess:
-    """One launch; a launch past ``timeout`` is killed with its ranks and comes back as
-    a failure (exit code 124) that says so, so the tables keep what finished."""
+    """One launch, said on stderr as it starts; a launch past ``timeout`` is killed with
+    its ranks and comes back as a failure (exit code 124) that says so, so the tables
+    keep what finished."""
+    _progress("  " + shlex.join(cmd))
     try:
         return run_bounded(cmd, timeout)
     except subprocess.TimeoutExpired:
