@@ -130,6 +130,10 @@ def test_decode_takes_numpy_integers_and_refuses_complex_and_empty_caches(tmp_pa
     assert out.output.shape == (1, 64) and trace.exists()
     with pytest.raises(ValueError, match="k must hold real numbers"):
         decode(q, k.astype(np.complex64), k, comm=one_rank(), heads_kv=2)
+    for dtype in (np.int32, np.uint8, np.bool_):        # the docs' floats only
+        with pytest.raises(ValueError, match=f"v must hold real numbers in float16 or "
+                                             f"float32 .*, got {np.dtype(dtype)}"):
+            decode(q, k, k.astype(dtype), comm=one_rank(), heads_kv=2)
     with pytest.raises(ValueError, match="every rank passed 0 tokens"):
         decode(q, k[:0], k[:0], comm=one_rank(), heads_kv=2)
 

@@ -137,6 +137,26 @@ def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
 
 
 @pytest.mark.launch
+def test_a_fault_in_a_decode_loop_names_its_step(tmp_path):
+    """--steps 5 with a kernel that reads past K once the cache holds 67 tokens: the
+    report names the step and its S_kv, and so does the kernel's own exception."""
+    body = """
+        def late_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if S_kv == 67:
+                tl.load(k, shape=(S_kv, h_kv * d), dtype="f16")
+            if S_kv == 68:
+                raise KeyError("late")
+        """
+    path = kernel(tmp_path, body)
+    proc = launch(2, ["--kernel-source", path, "--seq-len", 64, "--steps", 5] + SMALL,
+                  timeout=60)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "in decode step 3 (S_kv=67): " in proc.stderr and "runs past the end of K" in proc.stderr
+    proc = launch(1, ["--kernel-source", path, "--seq-len", 68] + SMALL, timeout=60)
+    assert proc.returncode == 5 and "raised on rank 0 (cube 0, PE 0):" in proc.stderr
+
+
+@pytest.mark.launch
 def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
     """MPICH's launcher reported the SIGKILL of the other ranks (exit 9) now and then
     when the job was aborted on another communicator than the world's."""

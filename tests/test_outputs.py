@@ -6,6 +6,7 @@ writes run ``python -m gqa_mpi`` in a subprocess so a real signal can hit them.
 import errno
 import glob
 import hashlib
+import json
 import os
 import signal
 import stat
@@ -154,3 +155,27 @@ def test_a_signal_during_a_write_leaves_no_temp_file(tmp_path, sig):
     assert "interrupted by" in err and "Traceback" not in err
     assert out.read_bytes() == b"precious"
     assert not glob.glob(str(tmp_path / ".gqa_mpi-*"))
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("stream", ["/dev/stdout", "/dev/stderr"])
+def test_the_record_to_the_output_stream_keeps_the_report(tmp_path, stream):
+    """``--json /dev/stdout > F``: F holds the record and then the report; the file the
+    shell opened is written in place, never renamed over."""
+    log = tmp_path / "F"
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "gqa_mpi", "--seq-len", "256", "--json",
+                               stream], stdout=f, stderr=f, timeout=120)
+    assert proc.returncode == 0
+    text = log.read_text()
+    record, _, report = text.partition("\n}\n")
+    assert json.loads(record + "\n}")["format"].startswith("gqa_mpi.run")
+    assert "check     " in report and "PASSED" in report and f"json      {stream}" in report
+
+
+def test_a_path_that_is_this_processs_stdout_is_that_stream(capfd):
+    assert outputs.stream("/dev/stdout") == 1 and outputs.stream("/dev/stderr") == 2
+    assert outputs.check_paths({"--json": "/dev/stdout"}) is None
+    print("before", flush=True)
+    outputs.write_json("/dev/stdout", {"a": 1})
+    assert capfd.readouterr().out == 'before\n{\n  "a": 1\n}\n'

@@ -186,6 +186,10 @@ def test_a_profile_is_refused_in_one_line_naming_what_is_wrong(tmp_path):
         load_profile(str(bad))
     with pytest.raises(ValueError, match="shipped profiles: .*example-npu"):
         load_profile("no-such-npu")
+    deep = tmp_path / "deep.toml"
+    deep.write_text("name = " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(ValueError, match="nests arrays or tables too deeply"):
+        load_profile(str(deep))
     assert set(SCHEMA) == {"pe", "noc", "inter"}
     assert load_profile("example-npu").noc.bytes_per_s == 6.4e10     # SPEC's numbers
 

@@ -59,10 +59,10 @@ def _rows(a, name: str):
     """``a`` as ``(B, tokens, width)``: arrays, or lazy rows with ``shape`` and ``[:, i:j]``."""
     if isinstance(a, np.ndarray) or not hasattr(a, "shape"):
         a = np.asarray(a)
-    kind = getattr(getattr(a, "dtype", None), "kind", "f")
-    if kind not in "fiu":
-        raise ValueError(f"{name} must hold real numbers (float16 or float32), got "
-                         f"{a.dtype}")
+    dtype = getattr(a, "dtype", None)
+    if dtype is not None and np.dtype(dtype) not in (np.float16, np.float32, np.float64):
+        raise ValueError(f"{name} must hold real numbers in float16 or float32 (float64 is "
+                         f"held as float32), got {dtype}")
     if len(a.shape) not in (2, 3):
         raise ValueError(f"{name} must be (tokens, width) or (batch, tokens, width), "
                          f"got shape {tuple(a.shape)}")

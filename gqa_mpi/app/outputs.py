@@ -9,7 +9,10 @@
   replaced file keeps its mode; a new one gets the umask's. SIGTERM or SIGINT in the
   middle of a write removes the temporary file before the process ends.
 
-A symbolic link is followed: the file it points to is replaced, the link stays.
+A symbolic link is followed: the file it points to is replaced, the link stays. A
+path that names this process's own stdout or stderr (``/dev/stdout``, ``/dev/fd/2``,
+or the file the shell redirected stdout to) is that stream: written in place, after
+what was printed before it, never renamed over.
 """
 from __future__ import annotations
 
@@ -50,6 +53,22 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
+def stream(path: str) -> Optional[int]:
+    """The file descriptor (1 or 2) of this process's stdout or stderr that ``path``
+    names, else None."""
+    try:
+        target = os.stat(path)
+    except OSError:
+        return None
+    for fd in (1, 2):
+        try:
+            if os.path.samestat(target, os.fstat(fd)):
+                return fd
+        except OSError:
+            pass
+    return None
+
+
 def check_paths(outputs: Dict[str, Optional[str]], inputs: Iterable[str] = (),
                 sizes: Optional[Dict[str, int]] = None) -> Optional[str]:
     """Why the outputs ``{flag: path}`` cannot be written safely, or None.
@@ -65,6 +84,8 @@ def check_paths(outputs: Dict[str, Optional[str]], inputs: Iterable[str] = (),
             continue
         if not path:
             return f"{flag}: empty file name"
+        if stream(path) is not None:        # written in place, after what came before
+            continue
         real = os.path.realpath(path)
         where = f"{flag} {path}"
         if os.path.lexists(real) and not os.path.isfile(real):
@@ -132,8 +153,16 @@ def atomic_write(path: str, write: Callable[[object], None], mode: str = "wb") -
     """Write ``path`` through a temporary file in the same directory, then rename.
 
     Raises OSError (no space, permissions, ...) or :class:`Interrupted`, in both
-    cases with the temporary file removed and the old ``path`` untouched.
+    cases with the temporary file removed and the old ``path`` untouched. A ``path``
+    that is this process's stdout or stderr (:func:`stream`) is written to it in place.
     """
+    fd = stream(path)
+    if fd is not None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        with os.fdopen(os.dup(fd), mode) as f:
+            write(f)
+        return
     real = os.path.realpath(path)
     directory = os.path.dirname(real)
     try:
@@ -160,8 +189,10 @@ def atomic_write(path: str, write: Callable[[object], None], mode: str = "wb") -
 
 def write_json(path: str, record: Dict) -> None:
     """Strict JSON (no NaN or Infinity literals: non-finite numbers become null)."""
-    atomic_write(path, lambda f: json.dump(_strict(record), f, indent=2, allow_nan=False),
-                 mode="w")
+    def write(f):
+        json.dump(_strict(record), f, indent=2, allow_nan=False)
+        f.write("\n")
+    atomic_write(path, write, mode="w")
 
 
 def _strict(x):

@@ -103,6 +103,9 @@ def load(spec: str) -> Profile:
         raise ValueError(f"{where}: {path}: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"{where}: {path} is not valid TOML ({e})") from None
+    except RecursionError:     # arrays or tables nested deeper than the reader's stack
+        raise ValueError(f"{where}: {path} nests arrays or tables too deeply to be a "
+                         f"profile") from None
     return from_dict(data, f"{where} ({path})", path)
 
 

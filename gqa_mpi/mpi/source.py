@@ -52,6 +52,8 @@ class SourceStep(LocalStep):
         self.calls: List[List[tuple]] = []
         """With ``--predict``: each step's recorded calls (one entry a call)."""
         self.traffic = Traffic()      # its messages are counted by its own counters
+        self.when = ""
+        """Which decode step a fault happened in, for its line (none in a one-step run)."""
         self.source = dict(file=self.path, function=self.name)
 
     @property
@@ -80,6 +82,8 @@ class SourceStep(LocalStep):
         ``start``) of a cache of ``total``; O ``(T_q, h_q*d)`` float32 on the root."""
         with self.rec.phase("kernel", step=index):
             watchdog.phase(f"the kernel under test (step {index})")
+            self.when = (f" in decode step {index} (S_kv={total})"
+                         if index or self.cfg.steps > 1 else "")
             return self._call(self.q[0], self.k[0, :count], self.v[0, :count], total, start)
 
     def _call(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache_len: int,
@@ -106,7 +110,8 @@ class SourceStep(LocalStep):
             place = topo.place
             watch.fault((type(exc).__name__, self._innermost(exc)),
                         f"gqa_mpi: error: the kernel raised on rank {topo.rank} (cube "
-                        f"{place.cube}, PE {place.pe}):\n{self._own_exception(exc)}")
+                        f"{place.cube}, PE {place.pe}){self.when}:\n"
+                        f"{self._own_exception(exc)}")
         backend.link.finish()
         self.total.add(backend.count)
         if backend.monitor.calls is not None:
@@ -130,7 +135,7 @@ class SourceStep(LocalStep):
         place = self.topo.place
         where = f"{self.path}:{fault.line}" if fault.line is not None else self.path
         return (f"gqa_mpi: error: kernel fault on rank {self.topo.rank} (cube {place.cube}, "
-                f"PE {place.pe}): {fault.message} (tl.{fault.call} at {where})")
+                f"PE {place.pe}){self.when}: {fault.message} (tl.{fault.call} at {where})")
 
     def _frames(self, exc: BaseException) -> list:
         """The exception's traceback, trimmed to the kernel file's frames."""
