@@ -109,6 +109,8 @@ def test_decode_refuses_mismatched_k_and_v_and_a_config_that_splits_otherwise():
 
 @pytest.mark.parametrize("kw,words", [
     (dict(heads_kv=2, bogus=1), "unknown option(s) bogus"),
+    (dict(heads_kv=2, bogus=1), "the library's options are: cubes, pes, grid, heads_kv,"),
+    (dict(heads_kv=2, seq_len=10, batch=1), "batch, seq_len: read off the arrays"),
     (dict(heads_kv=2, output="o.npy"), "output: the command line's"),
     (dict(heads_kv=2, json="r.json", check=True), "check, json: the command line's"),
     (dict(heads_kv=np.int64(3)), "heads_kv=3 does not divide the width of K, 32"),

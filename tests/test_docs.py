@@ -134,3 +134,19 @@ def test_the_masking_keeps_what_is_stable():
 def test_the_library_page_shows_the_example_it_runs():
     example = (ROOT / "docs" / "examples" / "decode.py").read_text()
     assert example in (ROOT / "docs" / "library.md").read_text()
+
+
+def test_no_help_shows_docstring_markup():
+    """``--help`` is for a terminal: no RST literals or roles (``:mod:`x```)."""
+    import re
+    from gqa_mpi.app.cli import build_parser as cli
+    from gqa_mpi.tools.bench import build_parser as bench
+    from gqa_mpi.tools.study.cli import build_parser as study
+    for build in (cli, bench, study):
+        parser = build()
+        texts = [parser.format_help()] + [
+            sub.format_help() for action in parser._actions
+            if isinstance(action, __import__("argparse")._SubParsersAction)
+            for sub in action.choices.values()]
+        for text in texts:
+            assert "``" not in text and not re.search(r":\w+:`", text), text

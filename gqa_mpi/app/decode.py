@@ -71,6 +71,10 @@ def _rows(a, name: str):
 
 CLI_ONLY = roles("cli")
 """Config fields that mean nothing to arrays the caller holds (the command line's)."""
+FROM_ARRAYS = ("seq_len", "heads_q", "queries", "batch", "split")
+"""Config fields the library reads off the arrays: their shapes and each rank's length."""
+LIBRARY = tuple(f for f in roles("library") if f not in FROM_ARRAYS)
+"""Config fields the library takes as keywords."""
 
 
 def _integer(value, name: str):
@@ -90,8 +94,12 @@ def problem_config(q: np.ndarray, k, lengths, *, heads_kv=None, head_dim=None,
     """The Config of arrays: shapes from Q and K, the split from each rank's length."""
     unknown = sorted(set(options) - {f.name for f in fields(Config)})
     if unknown:
-        raise ValueError(f"unknown option(s) {', '.join(unknown)}; the options are "
-                         f"Config's fields: {', '.join(f.name for f in fields(Config))}")
+        raise ValueError(f"unknown option(s) {', '.join(unknown)}; the library's options "
+                         f"are: {', '.join(LIBRARY)}")
+    given = sorted(set(options) & set(FROM_ARRAYS))
+    if given:
+        raise ValueError(f"{', '.join(given)}: read off the arrays (Q's and K's shapes, each "
+                         f"rank's length of K), not given as options")
     given = sorted(set(options) & set(CLI_ONLY))
     if given:
         raise ValueError(f"{', '.join(given)}: the command line's, not the library's (the "

@@ -38,11 +38,21 @@ def resolve(spec: str) -> Tuple[str, Optional[str]]:
     return os.path.abspath(path), fn
 
 
+def builtins() -> list:
+    """The names ``builtin:NAME`` takes: the kernels that ship with gqa_mpi."""
+    return sorted(f[:-3] for f in os.listdir(KERNELS_DIR)
+                  if f.endswith(".py") and not f.startswith("_"))
+
+
 def load(spec: str) -> Tuple[Callable, str]:
     """The kernel function and its file, loaded once per process (its top-level code
     runs once); ValueError with one line otherwise."""
     path, name = resolve(spec)
     if not os.path.isfile(path):
+        if spec.startswith(BUILTIN):
+            raise ValueError(f"--kernel-source {spec}: no builtin kernel "
+                             f"{spec[len(BUILTIN):].partition(':')[0]!r} (the builtins: "
+                             f"{', '.join(builtins())})")
         raise ValueError(f"--kernel-source {spec}: no such file {path}")
     key = (path, name, os.path.getmtime(path))
     if key not in _loaded:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -75,7 +76,9 @@ def run_bounded(cmd: Sequence[str], timeout: float, **kw) -> subprocess.Complete
 
 
 def plain(doc: str) -> str:
-    """A module docstring as ``--help`` text: no RST markup, no table rules."""
-    lines = [line for line in doc.replace("``", "").splitlines()
+    """A module docstring as ``--help`` text: no RST markup (literals, roles such as
+    ``:mod:`x```), no table rules."""
+    text = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc.replace("``", ""))
+    lines = [line for line in text.splitlines()
              if not (line.strip() and set(line.strip()) <= {"=", " "})]
     return "\n".join(lines)

@@ -102,7 +102,8 @@ def read_results(path: str, repair: bool = False) -> List[Dict]:
     columns = COLUMNS if header == list(COLUMNS) else OLDER.get(older)
     if columns is None:
         raise StudyError(f"{path}: the header is not a gqa_mpi study's (damaged, or another "
-                         f"file); move it away or choose another --out")
+                         f"file)" + ("; move it away or choose another --out" if repair
+                                    else ""))
     if older and repair:
         raise StudyError(f"{path}: written by an older gqa_mpi ({older}); summary and plot "
                          f"still read it, but new runs need another --out")
