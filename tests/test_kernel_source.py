@@ -152,6 +152,8 @@ def test_a_fault_in_a_decode_loop_names_its_step(tmp_path):
                   timeout=60)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "in decode step 3 (S_kv=67): " in proc.stderr and "runs past the end of K" in proc.stderr
+    head = proc.stderr.index("problem   B=1 T_q=1 S_kv=64")          # what ran, first
+    assert head < proc.stderr.index("topology  C=1 cubes x P=2") < proc.stderr.index("fault")
     proc = launch(1, ["--kernel-source", path, "--seq-len", 68] + SMALL, timeout=60)
     assert proc.returncode == 5 and "raised on rank 0 (cube 0, PE 0):" in proc.stderr
 

@@ -84,3 +84,26 @@ def test_beyond_local_is_the_step_past_its_slowest_sweep():
     rec = RunRecord(config=Config(steps=2).placed(2), isa="none",
                     ranks=[stats(0, 0, 0, steps=a), stats(1, 0, 0, steps=b)])
     assert rec.beyond_local() == pytest.approx([0.35 - 0.3, 0.35 - 0.3])
+
+
+def test_ranks_that_share_cores_are_named_in_the_record_and_the_report(tmp_path):
+    """Two hosts of 2 ranks each: one host with 1 core (2 ranks a core), one with 4
+    cores but a load of 6 at the start; the record and the report say both, and a
+    host with a core per rank and no load says nothing."""
+    from gqa_mpi.app.report import format_report
+    rec = record()
+    for r in rec.ranks:                     # node0: ranks 0, 1; node1: ranks 2, 3
+        r.cores, r.load = (1, 0.2) if r.host == "node0" else (4, 6.0)
+    assert rec.crowded == [dict(host="node0", ranks=2, cores=1, load=0.2),
+                           dict(host="node1", ranks=2, cores=4, load=6.0)]
+    assert rec.ranks_per_core == 2.0
+    text = format_report(rec)
+    assert ("note      node0: 2 rank(s) on 1 core(s): the times below are of shared cores, "
+            "not of one rank on a core of its own") in text
+    assert "node1: 2 rank(s) on 4 core(s), already busy at the start (load 6.0)" in text
+    path = tmp_path / "r.json"
+    write_json(str(path), rec.to_json())
+    assert json.loads(path.read_text())["crowded"][0]["host"] == "node0"
+    for r in rec.ranks:
+        r.cores, r.load = 4, 0.5
+    assert rec.crowded == [] and "rank(s) on" not in format_report(rec)

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,7 @@ def test_config_file_and_plots(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert [r["seq_len"] for r in rows(out)] == ["500", "1000"]
+    assert all(float(r["ranks_per_core"]) > 0 for r in rows(out))    # a column of its own
     plot = subprocess.run(STUDY + ["plot", str(out), "--out-dir", str(tmp_path / "png")],
                           capture_output=True, text=True, timeout=120)
     assert plot.returncode == 0, plot.stderr
@@ -357,3 +359,51 @@ def test_a_study_of_the_prediction_keeps_it_beside_the_measured_step_and_plots_i
     plotted = subprocess.run(STUDY + ["plot", str(out), "--out-dir", str(tmp_path)],
                              capture_output=True, text=True, timeout=120)
     assert plotted.returncode == 0 and (tmp_path / "p_strong_predicted.png").exists()
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("cores, want", [("2", "1,2"), ("12", "1,2,4,8"), ("64", "1,2,4,8,16")])
+def test_the_local_study_takes_one_rank_per_core_by_default(tmp_path, cores, want):
+    """launch/local.sh's rank counts stop at the machine's cores (its header says one
+    rank per core); RANKS still overrides them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "nproc").write_text(f"#!/bin/sh\necho {cores}\n")
+    (bin_dir / "python").write_text(f"#!/bin/sh\necho \"$@\" >> {tmp_path / 'calls'}\n")
+    for f in bin_dir.iterdir():
+        f.chmod(0o755)
+    script = Path(__file__).resolve().parent.parent / "launch" / "local.sh"
+    env = dict(os.environ, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    env.pop("RANKS", None)
+    subprocess.run(["bash", str(script), str(tmp_path / "out")], env=env, check=True,
+                   timeout=60)
+    calls = (tmp_path / "calls").read_text().splitlines()
+    runs = [c for c in calls if " run " in f" {c} "]
+    assert len(runs) == 2 and all(f"--ranks {want} " in c for c in runs), calls
+    env["RANKS"] = "1,32"
+    (tmp_path / "calls").unlink()
+    subprocess.run(["bash", str(script), str(tmp_path / "out")], env=env, check=True,
+                   timeout=60)
+    assert "--ranks 1,32 " in (tmp_path / "calls").read_text()
+
+
+def test_the_progress_in_a_log_is_whole_lines_and_on_a_terminal_one_bar():
+    import io
+    from gqa_mpi.tools.study.runner import Progress
+    log = io.StringIO()
+    p = Progress(3, 0, stream=log)
+    p.show("ranks=1")
+    p.step()
+    p.show("done")
+    p.end()
+    assert "\r" not in log.getvalue() and log.getvalue().count("\n") == 2
+    assert log.getvalue().splitlines()[1].startswith("[########........") and "done" in log.getvalue()
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    tty = Terminal()
+    p = Progress(3, 0, stream=tty)
+    p.show("ranks=1")
+    p.end()
+    assert tty.getvalue().startswith("\r[") and tty.getvalue().endswith("\n")

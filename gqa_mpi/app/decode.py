@@ -39,7 +39,7 @@ from ..dsl.predict import predict_steps, trace_events
 from ..mpi import collective
 from ..mpi.collective import agree, agree_on, fingerprint
 from ..step.trace import chrome_trace
-from .record import RankStats, RunRecord
+from .record import RankStats, RunRecord, host_state
 
 
 @dataclass
@@ -353,7 +353,8 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
                      timings=rank.recorder.timings, messages=traffic.messages,
                      bytes=traffic.bytes, overflow=traffic.loss.overflow,
                      m_rounding=traffic.loss.m_rounding, peak_rss_mib=rank.peak_rss_mib,
-                     scores_nonfinite=rank.scores_nonfinite, steps=rank.steps, held=rank.count)
+                     scores_nonfinite=rank.scores_nonfinite, steps=rank.steps, held=rank.count,
+                     **host_state())
     watchdog.rendezvous(topo.comm, "the gathering of results")
     stats = collective.to_root(topo.comm, mine, "every rank (the gathering of results)")
     events = (collective.to_root(topo.comm, rank.recorder.events)

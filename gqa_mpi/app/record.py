@@ -9,6 +9,7 @@ values when asked for. The JSON is strict (no NaN or Infinity literals: see
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field, fields
 from typing import Dict, List, Optional
 
@@ -30,6 +31,16 @@ step proper from resident slices to the output. With several decode steps,
 a rank's figure for a step phase is its median over the steps (the steady state).
 ``total`` runs from the inputs to the last step; ``check`` (every rank's share of the
 float64 check, all checked steps) follows it."""
+
+
+LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+"""This host's 1-minute load average when gqa_mpi's application was imported: before the
+run's own work, which it can only have counted for its first second or so."""
+
+
+def host_state() -> Dict[str, float]:
+    """``{cores, load}``: this host's logical CPUs, and :data:`LOAD_AT_START`."""
+    return dict(cores=os.cpu_count() or 1, load=LOAD_AT_START)
 
 
 UNITS = dict(timings="s", bytes="B", peak_rss_mib="MiB", created="UTC, ISO 8601")
@@ -69,6 +80,10 @@ class RankStats:
     root), one entry per decode step."""
     held: int = 0
     """Tokens it holds at the end, after the last step's append."""
+    cores: int = 0
+    """Logical CPUs of its host (0: not recorded)."""
+    load: float = 0.0
+    """Its host's 1-minute load average at the start (:data:`LOAD_AT_START`)."""
     source: Optional[Dict] = None
     """What the kernel's own function did here (``--kernel-source``), summed over the
     steps: ``k_rows``/``v_rows`` (distinct token rows of its slice it read, in the last
@@ -214,6 +229,27 @@ class RunRecord:
         return sorted({r.host for r in self.ranks})
 
     @property
+    def crowded(self) -> List[Dict]:
+        """The hosts whose times are not one rank's on a core of its own: ``{host,
+        ranks, cores, load}`` of each host with more ranks than cores, or already busy
+        at the start (a load above its cores)."""
+        out = []
+        for host in self.hosts:
+            mine = [r for r in self.ranks if r.host == host]
+            cores, load = max(r.cores for r in mine), max(r.load for r in mine)
+            if cores and (len(mine) > cores or load > cores):
+                out.append(dict(host=host, ranks=len(mine), cores=cores, load=load))
+        return out
+
+    @property
+    def ranks_per_core(self) -> float:
+        """The most ranks any host ran per core (0: not recorded)."""
+        per = [sum(r.host == h for r in self.ranks) / max(r.cores for r in self.ranks
+                                                             if r.host == h)
+               for h in self.hosts if all(r.cores for r in self.ranks if r.host == h)]
+        return max(per, default=0.0)
+
+    @property
     def scores_nonfinite_ranks(self) -> List[int]:
         return [r.rank for r in self.ranks if r.scores_nonfinite]
 
@@ -235,7 +271,8 @@ class RunRecord:
                     kernel_source=self.kernel_source, predicted=self.predicted,
                     output_nonfinite=self.output_nonfinite,
                     inputs_checked_finite=self.inputs_checked_finite,
-                    written=self.written, ranks=[r.to_json() for r in self.ranks])
+                    written=self.written, crowded=self.crowded,
+                    ranks=[r.to_json() for r in self.ranks])
 
     @classmethod
     def from_json(cls, d: Dict) -> "RunRecord":

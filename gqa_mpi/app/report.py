@@ -16,16 +16,7 @@ from .sizing import fmt
 
 def format_report(record: RunRecord) -> str:
     c = record.config
-    grid = c.layout
-    scale = "1/sqrt(d)" if c.softmax_scale is None else f"{c.scale:g}"
-    source = f"generated (seed {c.seed})" if c.inputs is None else f"from {c.inputs}"
-    lines = [
-        f"problem   B={c.B} T_q={c.queries} S_kv={c.seq_len} h_q={c.heads_q} "
-        f"h_kv={c.heads_kv} (G={c.group}) d={c.head_dim} scale={scale} "
-        f"causal={'yes' if c.causal else 'no'}; inputs {source}",
-        f"topology  C={c.cubes} cubes x P={c.pes} PEs = {c.n_ranks} ranks; PE grid "
-        f"{c.grid[0]}x{c.grid[1]} ({grid.rows_used} row(s) x {grid.cols_used} col(s) used)",
-    ]
+    lines = c.describe()
     mode = REPORTS[c.mode.name]
     lines += mode.lines(record)
     if c.steps > 1:
@@ -39,6 +30,12 @@ def format_report(record: RunRecord) -> str:
     if blind > 0:
         lines.append(f"note      --causal with T_q={c.queries} > S_kv={c.seq_len}: the first "
                      f"{blind} queries see no key, and their rows of O are zero")
+    for h in record.crowded:
+        lines.append(f"note      {h['host']}: {h['ranks']} rank(s) on {h['cores']} core(s)"
+                     + (f", already busy at the start (load {h['load']:.1f})"
+                        if h["load"] > h["cores"] else "")
+                     + ": the times below are of shared cores, not of one rank on a core of "
+                       "its own; the results are not affected")
     if record.predicted is not None:
         lines += _predicted_lines(record)
     lines += _check_lines(record)

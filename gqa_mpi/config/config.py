@@ -358,6 +358,19 @@ class Config:
         """``[start, stop)`` of ``rank``'s tokens under the configured split."""
         return rank_tokens(self.seq_len, self.n_ranks, rank, self.split)
 
+    def describe(self) -> List[str]:
+        """What ran, as the report's first lines: the problem and the topology (also
+        above a kernel fault's report)."""
+        grid = self.layout
+        scale = "1/sqrt(d)" if self.softmax_scale is None else f"{self.scale:g}"
+        source = f"generated (seed {self.seed})" if self.inputs is None else f"from {self.inputs}"
+        return [f"problem   B={self.B} T_q={self.queries} S_kv={self.seq_len} "
+                f"h_q={self.heads_q} h_kv={self.heads_kv} (G={self.group}) d={self.head_dim} "
+                f"scale={scale} causal={'yes' if self.causal else 'no'}; inputs {source}",
+                f"topology  C={self.cubes} cubes x P={self.pes} PEs = {self.n_ranks} ranks; "
+                f"PE grid {self.grid[0]}x{self.grid[1]} ({grid.rows_used} row(s) x "
+                f"{grid.cols_used} col(s) used)"]
+
     # ---- serialisation
     def to_json(self) -> Dict:
         """Every field as JSON: each through its ``format`` (grid ``2x4``, split

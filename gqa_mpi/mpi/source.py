@@ -95,7 +95,7 @@ class SourceStep(LocalStep):
         row = k.shape[1] * 2
         regions = [("Q", q, 0, 0), ("K", k, row, first), ("V", v, row, first),
                    ("O", np.zeros(q.shape, np.float16), 0, 0)]
-        watch = Watch(topo, self.path)
+        watch = Watch(topo, self.path, cfg.describe() if not cfg.quiet else None)
         backend = Backend(topo.place.pe, topo.place.cube, regions,
                           MpiLink(topo, watch, self.rec), self.path, self.rec,
                           record=cfg.predict is not None)

@@ -46,7 +46,9 @@ GRACE = 2.0
 class Watch:
     """The deadlock watch of one rank (see the module doc)."""
 
-    def __init__(self, topo: Topology, source: str):
+    def __init__(self, topo: Topology, source: str, preamble: Optional[List[str]] = None):
+        self.preamble = preamble or []
+        """Lines that say what ran (the problem, the topology), above rank 0's report."""
         self.comm = topo.comm.Dup()
         self.comm.Set_name("gqa_mpi.watch")
         self.topo, self.source = topo, source
@@ -89,7 +91,7 @@ class Watch:
         kinds: Dict[tuple, List[Tuple[int, str]]] = {}
         for rank, key, text in sorted(self._faults):
             kinds.setdefault(key, []).append((rank, text))
-        lines = []
+        lines = list(self.preamble)
         for hits in kinds.values():
             lines.append(hits[0][1])
             if len(hits) > 1:

@@ -85,7 +85,12 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     written = []
     stem = os.path.splitext(os.path.basename(csv_path))[0]
 
+    shared = max((float(p.get("ranks_per_core") or 0) for p in points), default=0.0)
+    note = (f"\nup to {shared:g} ranks per core: the times are of shared cores"
+            if shared > 1 else "")
+
     def figure(title: str, xlabel: str, ylabel: str, ranks=None):
+        title += note
         fig, ax = plt.subplots(figsize=(6, 4.2))
         if ranks is not None:                  # a line against ranks, log2 axis
             ax.set_xscale("log", base=2)

@@ -16,11 +16,15 @@ from .plan import POINT_KEYS, Point, StudyError
 PREDICTED = ("predicted_step_s", "predicted_last_pe", "predicted_memory_s", "predicted_dot_s",
              "predicted_vector_s", "predicted_send_s", "predicted_wait_s")
 """With ``--predict``: the predicted step and its last PE's split (empty otherwise)."""
-MEASURED = (tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
+_BEFORE_CORES = (tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "max"))
             + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed",
                "wall_s", "finished_at", "host", "error", "err_p50", "err_p99",
                "control_rel_err")
             + PREDICTED)
+MEASURED = _BEFORE_CORES + ("ranks_per_core",)
+"""What a launch measured; ``ranks_per_core``: the most ranks any of its hosts ran per
+core (above 1 its times are of shared cores, not of one rank on a core)."""
+
 COLUMNS = ("run_id", "repeat", "status") + POINT_KEYS + MEASURED
 """The CSV's columns: the run, the point (:data:`~.plan.POINT_KEYS`), what it measured."""
 STATUSES = ("ok", "check_failed", "failed", "timeout")
@@ -30,9 +34,10 @@ _OLD_POINT = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_r
               "reduce_schedule", "steps", "extra")
 OLDER = {
     "before the decode loop": tuple(c for c in ("run_id", "repeat", "status") + _OLD_POINT
-                                    + MEASURED if c not in ("steps", "err_p50", "err_p99",
+                                    + _BEFORE_CORES if c not in ("steps", "err_p50", "err_p99",
                                                             "control_rel_err")),
-    "before the full key": ("run_id", "repeat", "status") + _OLD_POINT + MEASURED,
+    "before the full key": ("run_id", "repeat", "status") + _OLD_POINT + _BEFORE_CORES,
+    "before ranks per core": ("run_id", "repeat", "status") + POINT_KEYS + _BEFORE_CORES,
     "before the one pipeline": ('run_id', 'repeat', 'status', 'study', 'ranks', 'tokens_per_rank', 'cubes', 'pes', 'grid', 'split', 'placement', 'seq_len', 'heads_q', 'heads_kv', 'head_dim', 'queries', 'steps', 'batch', 'softmax_scale', 'causal', 'seed', 'inputs', 'allow_nonfinite', 'tile', 'kernel', 'kv_dtype', 'reduce_schedule', 'wire', 'kernel_faithful', 'kernel_source', 'check', 'check_every', 'extra', 'inputs_min', 'inputs_median', 'inputs_max', 'local_attention_min', 'local_attention_median', 'local_attention_max', 'reduce_min', 'reduce_median', 'reduce_max', 'finalize_min', 'finalize_median', 'finalize_max', 'step_min', 'step_median', 'step_max', 'total_min', 'total_median', 'total_max', 'check_min', 'check_median', 'check_max', 'messages', 'bytes', 'peak_rss_max_mib', 'max_rel_err', 'passed', 'wall_s', 'finished_at', 'host', 'error', 'err_p50', 'err_p99', 'control_rel_err'),
 }
 """Headers of studies written by earlier versions. Their rows are read as what they
@@ -156,6 +161,7 @@ def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> D
             row[f"{phase}_{stat}"] = timings.get(phase, {}).get(stat, "")
     row["messages"], row["bytes"] = rec.messages, rec.bytes
     row["peak_rss_max_mib"] = rec.peak_rss_mib["max"]
+    row["ranks_per_core"] = rec.ranks_per_core or ""
     check = rec.check
     for key in ("max_rel_err", "passed", "err_p50", "err_p99", "control_rel_err"):
         value = None if check is None else getattr(check, key)

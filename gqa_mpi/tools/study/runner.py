@@ -25,10 +25,14 @@ def _fmt(seconds: float) -> str:
 
 
 class Progress:
-    """A one-line progress bar on stderr: runs done, elapsed, time left."""
+    """Progress on stderr: runs done, elapsed, time left. On a terminal one bar,
+    rewritten in place; in a log (stderr a file or a pipe) a whole line a launch, with
+    no control characters."""
 
-    def __init__(self, total: int, done: int, stream=sys.stderr):
-        self.total, self.done, self.stream = total, done, stream
+    def __init__(self, total: int, done: int, stream=None):
+        self.total, self.done = total, done
+        self.stream = sys.stderr if stream is None else stream
+        self.tty = bool(getattr(self.stream, "isatty", None) and self.stream.isatty())
         self.start, self.new = time.monotonic(), 0
 
     def show(self, what: str) -> None:
@@ -36,9 +40,18 @@ class Progress:
         left = "?" if not self.new else _fmt(elapsed / self.new * (self.total - self.done))
         width = 24
         filled = int(width * self.done / max(self.total, 1))
-        self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/"
-                          f"{self.total} elapsed {_fmt(elapsed)} left ~{left}  {what[:60]:<60}")
+        line = (f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                f"elapsed {_fmt(elapsed)} left ~{left}  ")
+        if self.tty:
+            self.stream.write(f"\r{line}{what[:60]:<60}")
+        else:
+            self.stream.write(f"{line}{what}\n")
         self.stream.flush()
+
+    def end(self) -> None:
+        """The last bar's line ends (a log's lines end already)."""
+        if self.tty:
+            self.stream.write("\n")
 
     def step(self) -> None:
         self.done += 1
@@ -145,9 +158,9 @@ def run_study(args, base) -> int:
         failures += row["status"] != "ok"
         progress.step()
         if row["status"] != "ok":
-            sys.stderr.write(f"\n  {row['status']}: ranks={point.ranks} "
-                             f"{row.get('error', '')}\n")
+            sys.stderr.write(f"{chr(10) if progress.tty else ''}  {row['status']}: "
+                             f"ranks={point.ranks} {row.get('error', '')}\n")
     progress.show("done")
-    sys.stderr.write("\n")
+    progress.end()
     summarise(read_results(args.out), sys.stdout)
     return Exit.FAILED if failures else Exit.PASSED
