@@ -150,3 +150,25 @@ def test_no_help_shows_docstring_markup():
             for sub in action.choices.values()]
         for text in texts:
             assert "``" not in text and not re.search(r":\w+:`", text), text
+
+
+def test_the_docs_and_help_stand_on_their_own():
+    """A user's clone has no ../shared: no page and no --help sends them there, or to a
+    SPEC they do not have; the kernel's file is the user's KERNEL.py, said once where."""
+    from gqa_mpi.app.cli import build_parser
+    texts = {str(p.relative_to(ROOT)): p.read_text() for p in PAGES}
+    texts["--help"] = build_parser().format_help()
+    for name, text in texts.items():
+        assert "../shared" not in text and "SPEC" not in text, name
+    assert "`KERNEL.py` is your copy of the kernel's file" in texts["docs/kernel-source.md"]
+
+
+def test_the_readme_install_gives_every_command_it_and_launch_show():
+    """The README's one install line brings what its commands and launch/'s scripts
+    need: mpirun (mpich), pytest (test) and matplotlib for `study plot` (study)."""
+    install = next(line for line in (ROOT / "README.md").read_text().splitlines()
+                   if line.startswith("pip install"))
+    extras = set(install.split("[", 1)[1].split("]", 1)[0].split(","))
+    scripts = " ".join(p.read_text() for p in (ROOT / "launch").iterdir())
+    assert {"mpich", "test"} <= extras
+    assert "study plot" not in scripts or "study" in extras

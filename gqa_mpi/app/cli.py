@@ -62,7 +62,7 @@ examples:
   mpirun -n 16 python -m gqa_mpi --kernel-source KERNEL.py --check-against kernel-model
                                                       ... held to its intended arithmetic
   mpirun -n 16 python -m gqa_mpi --kernel-source builtin:corrected --steps 5
-                                                      the kernel with SPEC's defects fixed,
+                                                      the kernel with its six defects fixed,
                                                       five decode steps
   mpirun -n 16 python -m gqa_mpi --steps 20 --placement round-robin --reduce allgather
                                                       a decode loop, vLLM-style

@@ -181,15 +181,17 @@ class Config:
                                        shown="none: the emulation's own kernel",
                                        common=True)
     """run the kernel's own source as each step's local step instead: every rank loads
-    FILE (any extension) and calls FUNCTION (default: the one whose name ends in
-    _kernel) with SPEC's signature and a tl backed by NumPy and MPI; faults, deadlocks
-    and scratch are reported in the kernel's terms (exit 5 on a fault). gqa_mpi ships
-    a corrected kernel: --kernel-source builtin:corrected"""
+    FILE (any extension: your copy of the kernel's file) and calls FUNCTION (default: the
+    one whose name ends in _kernel) as f(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q,
+    h_kv, d_head, C, P, *, tl) with a tl backed by NumPy and MPI; faults, deadlocks and
+    scratch are reported in the kernel's terms (exit 5 on a fault). gqa_mpi ships a
+    corrected kernel: --kernel-source builtin:corrected (docs/kernel-source.md)"""
     predict: Optional[str] = opt(None, "algorithm", metavar="PROFILE", shown="none",
                                  common=True)
     """with --kernel-source: predict the accelerator's time of each step by replaying
-    every PE's tl calls through SPEC's cost model with PROFILE's numbers (a TOML file, or
-    a shipped profile: example-npu, or host once `python -m gqa_mpi.probe` wrote it)"""
+    every PE's tl calls through the cost model of docs/predict.md with PROFILE's numbers
+    (a TOML file, or a shipped profile: example-npu, or host once `python -m
+    gqa_mpi.probe` wrote it)"""
 
     # ---- outputs
     output: Optional[str] = opt(None, "outputs", metavar="FILE.npy", shown="none",
@@ -216,8 +218,8 @@ class Config:
         "exact", "outputs", library=False, result=True)
     """what a --kernel-source run's O is checked against: exact = float64 attention as
     specified (with the run's --softmax-scale); kernel-model = a float64 model of the
-    reference kernel's own arithmetic (no scale, its split and reshapes, SPEC defects
-    2-5), within float16 rounding, with how far it lands from exact attention beside it"""
+    reference kernel's own arithmetic (no scale, its split and reshapes: its defects 2-5
+    of docs/kernel-source.md), within float16 rounding, with how far it lands from exact attention beside it"""
     quiet: bool = opt(False, "outputs", library=False)
     """print nothing but errors"""
     max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=parse_size,
