@@ -407,3 +407,30 @@ def test_the_progress_in_a_log_is_whole_lines_and_on_a_terminal_one_bar():
     p.show("ranks=1")
     p.end()
     assert tty.getvalue().startswith("\r[") and tty.getvalue().endswith("\n")
+
+
+def test_every_study_the_docs_show_still_reads():
+    """The CSVs under docs/study were written by earlier gqa_mpis: each is read (and so
+    summarised and plotted) as what it is, not refused as damaged."""
+    from gqa_mpi.tools.study.results import medians, read_results
+    csvs = sorted((Path(__file__).resolve().parent.parent / "docs" / "study").glob("*.csv"))
+    assert len(csvs) >= 5
+    for path in csvs:
+        assert medians(read_results(str(path))), path
+
+
+def test_plots_say_where_they_ran_and_keep_their_axes_honest(tmp_path):
+    """Every plot names its hosts, ranks per core and gqa_mpi's commit; the step's
+    repeats give error bars (fastest and slowest); a docs study plots as it is."""
+    pytest.importorskip("matplotlib")
+    from gqa_mpi.tools.study import plots
+    from gqa_mpi.tools.study.results import medians, read_results
+    docs = Path(__file__).resolve().parent.parent / "docs" / "study"
+    pts = medians(read_results(str(docs / "strong.csv")))
+    assert all(p["step_lo"] <= p["step"] <= p["step_hi"] for p in pts)
+    assert plots._footer(pts, 0.0) == ("host vm; ranks per core not recorded; "
+                                       "commit not recorded")
+    mine = [dict(host="a,b", commit="0.2.0 abc1234"), dict(host="a", commit="0.2.0 abc1234")]
+    assert plots._footer(mine, 8.0) == "host a, b; up to 8 ranks per core; gqa_mpi 0.2.0 abc1234"
+    written = plots.plot(str(docs / "strong.csv"), str(tmp_path))
+    assert len(written) == 4 and all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in written)

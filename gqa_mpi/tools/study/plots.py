@@ -1,9 +1,12 @@
 """PNGs of a study's results (needs matplotlib: ``pip install -e ".[study]"``)."""
 from __future__ import annotations
 
+import math
 import os
 from typing import Dict, List
 
+from ...check.judge import CONTROL_FACTOR
+from ...step.wires import WIRES
 from .plan import StudyError
 from .results import medians, read_results, scaling
 
@@ -16,7 +19,28 @@ def _stacked(ax, x, pts, top_label: str) -> None:
     beyond = [max(p["step"] * 1e3 - lo, 0.0) for p, lo in zip(pts, local)]
     ax.bar(x, local, label="local attention (slowest rank)")
     ax.bar(x, beyond, bottom=local, label=top_label)
-    ax.legend(fontsize=8)
+    tops = [lo + b for lo, b in zip(local, beyond) if math.isfinite(lo + b)]
+    ax.set_ylim(0, 1.3 * max(tops, default=1.0))   # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper right")
+
+
+def _plain_log_ticks(axis) -> None:
+    """A log axis labelled 50, 100, 200, not 5x10^1: the 1, 2, 5 of each decade."""
+    from matplotlib.ticker import FuncFormatter, LogLocator
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+
+
+def _footer(points: List[Dict], shared: float) -> str:
+    """Where and with what the points ran: hosts, ranks per core, gqa_mpi's commit."""
+    def values(key):
+        return sorted({v for p in points for v in str(p.get(key) or "").split(",") if v})
+    hosts, commits = values("host"), values("commit")
+    return "; ".join([f"host {', '.join(hosts) or 'not recorded'}",
+                      f"up to {shared:g} ranks per core" if shared else
+                      "ranks per core not recorded",
+                      f"gqa_mpi {', '.join(commits)}" if commits else "commit not recorded"])
 
 
 SPLIT = ("memory_s", "dot_s", "vector_s", "send_s", "wait_s")
@@ -88,10 +112,12 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     shared = max((float(p.get("ranks_per_core") or 0) for p in points), default=0.0)
     note = (f"\nup to {shared:g} ranks per core: the times are of shared cores"
             if shared > 1 else "")
+    footer = _footer(points, shared)
 
     def figure(title: str, xlabel: str, ylabel: str, ranks=None):
         title += note
-        fig, ax = plt.subplots(figsize=(6, 4.2))
+        fig, ax = plt.subplots(figsize=(6, 4.4))
+        fig.text(0.01, 0.005, footer, fontsize=6, color="gray", va="bottom")
         if ranks is not None:                  # a line against ranks, log2 axis
             ax.set_xscale("log", base=2)
             ax.set_xticks(ranks, [str(x) for x in ranks])
@@ -104,7 +130,7 @@ def plot(csv_path: str, out_dir: str) -> List[str]:
     def save(fig, name: str) -> None:
         kind = name.split("_")[0]
         path = os.path.join(out_dir, name if stem == kind else f"{stem}_{name}")
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
         tmp = path + ".tmp.png"
         fig.savefig(tmp, dpi=120)
         os.replace(tmp, path)
@@ -137,11 +163,18 @@ def _measured(figure, save, kind: str, pts: List[Dict], suffix: str) -> None:
 
     fig, ax = figure(title, "MPI ranks (one PE each)",
                      "step time, ms (local attention + reduction)", n)
-    ax.plot(n, step, "o-", label="measured (median of max over ranks)")
+    low = [s - p["step_lo"] * 1e3 for s, p in zip(step, pts)]
+    high = [p["step_hi"] * 1e3 - s for s, p in zip(step, pts)]
+    ax.errorbar(n, step, yerr=[low, high], fmt="o-", capsize=3,
+                label="measured (median of max over ranks; bars: fastest, slowest repeat)")
     ideal = ([step[0] * n[0] / x for x in n] if kind == "strong" else [step[0]] * len(n))
     ax.plot(n, ideal, "--", color="gray", label="ideal")
-    ax.set_yscale("log" if kind == "strong" else "linear")
-    ax.legend(fontsize=8)
+    if kind == "strong":
+        ax.set_yscale("log")
+        _plain_log_ticks(ax.yaxis)
+    else:
+        ax.set_ylim(bottom=0)
+    ax.legend(fontsize=7)
     save(fig, f"{kind}_time{suffix}.png")
 
     fig, ax = figure(title, "MPI ranks", "parallel efficiency", n)
@@ -158,6 +191,7 @@ def _measured(figure, save, kind: str, pts: List[Dict], suffix: str) -> None:
 
     fig, ax = figure(title, "MPI ranks", "KV tokens per second (millions)", n)
     ax.plot(n, [p["tokens_per_s"] / 1e6 for p in pts], "o-")
+    ax.set_ylim(bottom=0)                 # from zero: noise is not a cliff
     save(fig, f"{kind}_throughput{suffix}.png")
 
 
@@ -165,7 +199,7 @@ def _rest(plt, figure, save, points: List[Dict]) -> None:
     """The numerics study's errors and the sweeps' bars."""
     errors = [p for p in points if p["study"] == "numerics" and p["max_rel_err"] != "-"]
     if errors:
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharey=True)
+        fig, axes = plt.subplots(1, 2, figsize=(11, 6.0), sharey=True)
         ranks = sorted({p["ranks"] for p in errors})
         pairs = sorted({(p["reduce_schedule"], p["wire"]) for p in errors},
                        key=lambda rw: (rw[1], rw[0]))
@@ -188,6 +222,10 @@ def _rest(plt, figure, save, points: List[Dict]) -> None:
             if control:
                 ax.axhline(max(control), ls="--", color="black",
                            label="untiled float32 attention")
+            for wire in wires:                 # the check's pass rule, each wire's
+                limit = WIRES.get(wire).tolerance + CONTROL_FACTOR * max(control, default=0)
+                ax.axhline(limit, ls=(0, (6, 2)), lw=0.8, color=colour[wire],
+                           label=f"{wire}: pass threshold {limit:.2g}")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             ax.set_xticks(ranks, [str(x) for x in ranks])
@@ -195,10 +233,11 @@ def _rest(plt, figure, save, points: List[Dict]) -> None:
             ax.set_title(f"|O - O_float64| / max|O_float64|, {what}", fontsize=9)
             ax.grid(alpha=0.3)
         axes[0].set_ylabel("error against the float64 reference")
-        axes[1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+        axes[1].legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.02, 1))
         p0 = errors[0]
         fig.suptitle(f"numerics: S_kv = {p0['seq_len']}, h_kv={p0['heads_kv']}, "
                      f"d={p0['head_dim']}, T_q={p0['queries']}", fontsize=9)
+        fig.text(0.01, 0.005, _footer(points, 0.0), fontsize=6, color="gray", va="bottom")
         save(fig, "numerics_error.png")
 
     for kind, field in SWEEP_FIELDS.items():

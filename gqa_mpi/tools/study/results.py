@@ -3,9 +3,11 @@ once; read back whole, repaired after a kill, and summarised (medians, scaling).
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import os
 import statistics
+import subprocess
 import sys
 import time
 from typing import Dict, Iterable, List
@@ -21,9 +23,10 @@ _BEFORE_CORES = (tuple(f"{p}_{s}" for p in PHASES for s in ("min", "median", "ma
                "wall_s", "finished_at", "host", "error", "err_p50", "err_p99",
                "control_rel_err")
             + PREDICTED)
-MEASURED = _BEFORE_CORES + ("ranks_per_core",)
+MEASURED = _BEFORE_CORES + ("ranks_per_core", "commit")
 """What a launch measured; ``ranks_per_core``: the most ranks any of its hosts ran per
-core (above 1 its times are of shared cores, not of one rank on a core)."""
+core (above 1 its times are of shared cores, not of one rank on a core); ``commit``: the
+gqa_mpi that ran it (its version, and its git commit where it is a checkout)."""
 
 COLUMNS = ("run_id", "repeat", "status") + POINT_KEYS + MEASURED
 """The CSV's columns: the run, the point (:data:`~.plan.POINT_KEYS`), what it measured."""
@@ -32,11 +35,16 @@ STATUSES = ("ok", "check_failed", "failed", "timeout")
 _OLD_POINT = ("study", "ranks", "cubes", "pes", "grid", "seq_len", "tokens_per_rank",
               "heads_q", "heads_kv", "head_dim", "queries", "batch", "tile", "wire",
               "reduce_schedule", "steps", "extra")
+_OLD_MEASURED = (tuple(f"{p}_{s}" for p in ("inputs", "local_attention", "reduce", "finalize",
+                                             "step", "total")
+                       for s in ("min", "median", "max"))
+                 + ("messages", "bytes", "peak_rss_max_mib", "max_rel_err", "passed", "wall_s",
+                    "finished_at", "host", "error", "err_p50", "err_p99", "control_rel_err"))
 OLDER = {
-    "before the decode loop": tuple(c for c in ("run_id", "repeat", "status") + _OLD_POINT
-                                    + _BEFORE_CORES if c not in ("steps", "err_p50", "err_p99",
-                                                            "control_rel_err")),
-    "before the full key": ("run_id", "repeat", "status") + _OLD_POINT + _BEFORE_CORES,
+    "before the decode loop": ("run_id", "repeat", "status")
+    + tuple(c for c in _OLD_POINT + _OLD_MEASURED
+            if c not in ("steps", "err_p50", "err_p99", "control_rel_err")),
+    "before the full key": ("run_id", "repeat", "status") + _OLD_POINT + _OLD_MEASURED,
     "before ranks per core": ("run_id", "repeat", "status") + POINT_KEYS + _BEFORE_CORES,
     "before the one pipeline": ('run_id', 'repeat', 'status', 'study', 'ranks', 'tokens_per_rank', 'cubes', 'pes', 'grid', 'split', 'placement', 'seq_len', 'heads_q', 'heads_kv', 'head_dim', 'queries', 'steps', 'batch', 'softmax_scale', 'causal', 'seed', 'inputs', 'allow_nonfinite', 'tile', 'kernel', 'kv_dtype', 'reduce_schedule', 'wire', 'kernel_faithful', 'kernel_source', 'check', 'check_every', 'extra', 'inputs_min', 'inputs_median', 'inputs_max', 'local_attention_min', 'local_attention_median', 'local_attention_max', 'reduce_min', 'reduce_median', 'reduce_max', 'finalize_min', 'finalize_median', 'finalize_max', 'step_min', 'step_median', 'step_max', 'total_min', 'total_median', 'total_max', 'check_min', 'check_median', 'check_max', 'messages', 'bytes', 'peak_rss_max_mib', 'max_rel_err', 'passed', 'wall_s', 'finished_at', 'host', 'error', 'err_p50', 'err_p99', 'control_rel_err'),
 }
@@ -162,6 +170,7 @@ def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> D
     row["messages"], row["bytes"] = rec.messages, rec.bytes
     row["peak_rss_max_mib"] = rec.peak_rss_mib["max"]
     row["ranks_per_core"] = rec.ranks_per_core or ""
+    row["commit"] = commit()
     check = rec.check
     for key in ("max_rel_err", "passed", "err_p50", "err_p99", "control_rel_err"):
         value = None if check is None else getattr(check, key)
@@ -175,8 +184,23 @@ def row_from_record(point: Point, repeat: int, rec: RunRecord, wall: float) -> D
     return row
 
 
+@functools.lru_cache(maxsize=None)
+def commit() -> str:
+    """This gqa_mpi: its version, and its git commit where it runs from a checkout."""
+    from ... import __version__
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)
+        sha = out.stdout.strip() if out.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__} {sha}".strip()
+
+
 def medians(rows: Iterable[Dict]) -> List[Dict]:
-    """One entry per point: medians over the repeats of each timing."""
+    """One entry per point: medians over the repeats of each timing (and, as
+    ``PHASE_lo`` and ``PHASE_hi``, the fastest and slowest repeat)."""
     groups: Dict[str, List[Dict]] = {}
     for r in rows:
         if r["status"] == "ok":
@@ -187,6 +211,8 @@ def medians(rows: Iterable[Dict]) -> List[Dict]:
         for phase in PHASES:
             vals = [float(r[f"{phase}_max"]) for r in rs if r.get(f"{phase}_max")]
             m[phase] = statistics.median(vals) if vals else float("nan")
+            m[f"{phase}_lo"] = min(vals, default=float("nan"))
+            m[f"{phase}_hi"] = max(vals, default=float("nan"))
         for key in PREDICTED[2:] + ("predicted_step_s",):   # the replay is deterministic
             m[key] = float(rs[0][key]) if rs[0].get(key) else None
         for key in ("ranks", "seq_len", "tile"):
