@@ -142,8 +142,8 @@ def test_decode_takes_numpy_integers_and_refuses_complex_and_empty_caches(tmp_pa
 
 @pytest.mark.launch
 def test_timeout_works_in_the_library(tmp_path):
-    """A rank that never comes: the library's timeout= ends the job (exit 3), naming
-    what rank 0 waited for, instead of hanging."""
+    """A rank that never comes: the library's timeout= ends the job (exit 3), rank 0
+    naming the rank that never made the call, instead of hanging."""
     script = tmp_path / "stuck.py"
     script.write_text(textwrap.dedent("""
         import time
@@ -157,4 +157,4 @@ def test_timeout_works_in_the_library(tmp_path):
         """))
     proc = run_bounded(mpirun_command(2, [sys.executable, str(script)]), timeout=60)
     assert proc.returncode == 3, proc.stderr
-    assert "has waited 2 s for all 2 ranks to make the same library call" in proc.stderr
+    assert "rank 0 has waited 2 s for rank(s) 1 to reach the library call" in proc.stderr

@@ -35,6 +35,12 @@ def test_trace_file_opens_and_shows_the_chain(tmp_path):
     assert len(starts) == len(ends) == 3 * 15
     assert {(s["pid"], ends[s["id"]]["pid"]) for s in starts if s["name"].startswith("m ")} == {
         (e["pid"], e["args"]["peer"]) for e in msgs if e["args"]["op"] == "send"}
+    # every rank's share of the check, after its steps, on the same time axis
+    checks = {e["pid"]: e for e in events if e["name"] == "check" and e.get("cat") == "phase"}
+    last = {e["pid"]: e["ts"] + e["dur"] for e in events
+            if e.get("cat") == "phase" and e["name"] != "check"}
+    assert sorted(checks) == list(range(16))
+    assert all(checks[r]["ts"] >= last[r] and checks[r]["dur"] > 0 for r in checks)
 
 
 REFERENCE = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", "..", "shared",

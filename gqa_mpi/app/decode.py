@@ -172,6 +172,9 @@ class Decoder:
             raise
 
     def _open(self, comm, q, k, v, config, options) -> None:
+        # rank 0 counts the ranks that make the call, so a timeout names the one that
+        # never came, not only the ones that waited for it
+        watchdog.rendezvous(comm, "the library call")
         error = None
         try:
             q = np.asarray(q)

@@ -5,6 +5,7 @@ outputs and report; returns the exit code."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import numpy as np
 
@@ -54,16 +55,22 @@ def run(comm, cfg: Config) -> Exit:
         dec.close()
     # checked after the loop, so that no timed step follows a check (whose float64
     # pass would leave it cold caches and late neighbours); every rank takes part
+    t0 = time.perf_counter()
     checks, share = check_steps(comm, cfg, kept, record.m_rounding, progress)
+    span = dec.rank.recorder.event("check", "phase", t0, time.perf_counter(),
+                                   dict(steps=[step for step, _, _ in kept]))
     progress.end()
-    every = to_root(comm, share if kept else None, "every rank (the end of the check)")
+    every = to_root(comm, (share, span) if kept else None, "every rank (the end of the check)")
     code = Exit.PASSED
     if comm.rank == 0:
         watchdog.phase("outputs")
         for r, mine in zip(record.ranks, every):
             if mine is not None:
-                r.timings["check"] = mine[0]
-                r.peak_rss_mib = max(r.peak_rss_mib, mine[1])
+                (seconds, peak), span = mine
+                r.timings["check"] = seconds
+                r.peak_rss_mib = max(r.peak_rss_mib, peak)
+                if trace is not None:           # the check on the run's time axis
+                    trace["traceEvents"].append(span)
         record = dataclasses.replace(
             record, inputs_checked_finite=cfg.inputs is None or not cfg.allow_nonfinite,
             written={key: getattr(cfg, key) for key in ("output", "trace", "json")

@@ -204,8 +204,9 @@ class Config:
     trace: Optional[str] = opt(None, "outputs", metavar="FILE.json", shown="none",
                                common=True)
     """rank 0 writes a Chrome trace-event timeline (open it in https://ui.perfetto.dev):
-    phases, chain steps, every message and an arrow from each send to its receive, on
-    one time axis for all ranks; with --steps, the first 20 steps"""
+    phases (each rank's share of the check too), chain steps, every message and an arrow
+    from each send to its receive, on one time axis for all ranks; with --steps, the
+    first 20 steps"""
     trace_tiles: bool = opt(False, "outputs")
     """with --trace: one event per tile of the local sweep too"""
     check: bool = opt(True, "outputs", library=False, result=True)

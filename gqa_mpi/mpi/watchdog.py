@@ -115,8 +115,9 @@ def _expire() -> None:
     sys.stderr.write(f"gqa_mpi: rank {comm.rank} {what} (--timeout); aborting all "
                      f"{comm.size} ranks\n")
     sys.stderr.flush()
-    if waited is not None:
-        time.sleep(min(1.0, 0.25 * seconds))  # let the other waiting ranks speak too
+    # let the launcher pass the line on (MPI_Abort can end its forwarding before it
+    # drained the pipe), and a waiting rank let the other waiting ranks speak too
+    time.sleep(max(SPOKEN, min(1.0, 0.25 * seconds)) if waited is not None else SPOKEN)
     fallback = threading.Timer(5.0, lambda: os._exit(Exit.TIMEOUT))
     fallback.daemon = True
     fallback.start()

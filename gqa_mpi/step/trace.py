@@ -46,10 +46,14 @@ class Recorder:
     def _ts(self, t: float) -> float:
         return (t - self.origin + self.shift) * 1e6
 
+    def event(self, name: str, cat: str, t0: float, t1: float, args: Dict) -> Dict:
+        """A span of ``perf_counter`` seconds ``[t0, t1)`` as a trace event of this rank."""
+        return dict(name=name, cat=cat, ph="X", pid=self.rank, tid=0, ts=self._ts(t0),
+                    dur=(t1 - t0) * 1e6, args=args)
+
     def _event(self, name: str, cat: str, t0: float, t1: float, args: Dict) -> None:
         if not self.paused:
-            self.events.append(dict(name=name, cat=cat, ph="X", pid=self.rank, tid=0,
-                                    ts=self._ts(t0), dur=(t1 - t0) * 1e6, args=args))
+            self.events.append(self.event(name, cat, t0, t1, args))
 
     @contextmanager
     def phase(self, name: str, **args):
