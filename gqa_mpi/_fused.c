@@ -48,14 +48,16 @@ static sweep_fn *path(Py_ssize_t R, int half, const char **name) {
     return narrowed ? narrow : chosen;
 }
 
-static int is_f32(const Py_buffer *b) { return b->itemsize == 4 && b->format && !strcmp(b->format, "f"); }
-static int is_f16(const Py_buffer *b) { return b->itemsize == 2 && b->format && !strcmp(b->format, "e"); }
-static int is_i64(const Py_buffer *b) {
-    return b->itemsize == 8 && b->format && (!strcmp(b->format, "l") || !strcmp(b->format, "q"));
+static int is_fmt(const Py_buffer *b, Py_ssize_t size, const char *fmt) {
+    return b->itemsize == size && b->format && !strcmp(b->format, fmt);
 }
+static int is_f32(const Py_buffer *b) { return is_fmt(b, 4, "f"); }
+static int is_f16(const Py_buffer *b) { return is_fmt(b, 2, "e"); }
+static int is_i64(const Py_buffer *b) { return is_fmt(b, 8, "l") || is_fmt(b, 8, "q"); }
 
 /* Check the buffers' shapes and dtypes; NULL where they agree, else why not. */
-static const char *invalid(Py_buffer *b, int n_bufs, Py_ssize_t lo, Py_ssize_t hi, Py_ssize_t tile) {
+static const char *invalid(Py_buffer *b, int n_bufs, Py_ssize_t lo, Py_ssize_t hi,
+                           Py_ssize_t tile) {
     Py_buffer *q = &b[0], *k = &b[1], *v = &b[2], *m = &b[3], *l = &b[4], *O = &b[5];
     if (!(q->ndim == 4 && k->ndim == 5 && v->ndim == 4 && m->ndim == 3 && l->ndim == 3
           && O->ndim == 4))
@@ -92,8 +94,8 @@ static PyObject *sweep(PyObject *self, PyObject *args) {
     const int n_bufs = objs[6] == Py_None ? 6 : 7;
     for (; got < n_bufs; got++) {
         const int writable = got >= 3 && got <= 5 ? PyBUF_WRITABLE : 0;
-        if (PyObject_GetBuffer(objs[got], &b[got], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | writable) < 0)
-            goto done;
+        const int flags = PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | writable;
+        if (PyObject_GetBuffer(objs[got], &b[got], flags) < 0) goto done;
     }
     const char *why = invalid(b, n_bufs, lo, hi, tile);
     if (why) {

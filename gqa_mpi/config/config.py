@@ -220,7 +220,8 @@ class Config:
     """what a --kernel-source run's O is checked against: exact = float64 attention as
     specified (with the run's --softmax-scale); kernel-model = a float64 model of the
     reference kernel's own arithmetic (no scale, its split and reshapes: its defects 2-5
-    of docs/kernel-source.md), within float16 rounding, with how far it lands from exact attention beside it"""
+    of docs/kernel-source.md), within float16 rounding, with how far it lands from exact
+    attention beside it"""
     quiet: bool = opt(False, "outputs", library=False)
     """print nothing but errors"""
     max_memory: Optional[int] = opt(None, "outputs", metavar="SIZE", parse=parse_size,

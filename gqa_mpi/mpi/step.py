@@ -3,12 +3,14 @@
 Each rank holds a slice of K and V and the full Q (replicated). It makes the slice
 resident in its local step's layout (with room for the tokens the decode loop will
 append), then, every step, runs its local step, one of two implementations of
-:class:`~gqa_mpi.mpi.local.LocalStep`, chosen once by the run's mode (:mod:`gqa_mpi.config.modes`):
+:class:`~gqa_mpi.mpi.local.LocalStep`, chosen once by the run's mode
+(:mod:`gqa_mpi.config.modes`):
 
-- :class:`~gqa_mpi.mpi.emulated.EmulatedStep`, the emulation's: sweep its tokens in tiles (scratch bounded by
-  the tile, whatever the slice), reduce the partial ``(m, l, O)`` to rank 0 along the
-  configured schedule (the kernel's chain by default: row chain and column bridge in
-  each cube, then the inter-cube chain), and the root computes ``O / l``;
+- :class:`~gqa_mpi.mpi.emulated.EmulatedStep`, the emulation's: sweep its tokens in
+  tiles (scratch bounded by the tile, whatever the slice), reduce the partial
+  ``(m, l, O)`` to rank 0 along the configured schedule (the kernel's chain by
+  default: row chain and column bridge in each cube, then the inter-cube chain), and
+  the root computes ``O / l``;
 - :class:`~gqa_mpi.mpi.source.SourceStep`, the kernel's own function
   (``--kernel-source``), which does all of that itself through ``tl``, over the slice
   held as float16 rows.

@@ -406,7 +406,8 @@ def _local_columns(local: List[Dict]):
              ("fused ms", lambda r: f"{r.get('fused_s', nan) * 1e3:.2f}"),
              ("fused/limit", lambda r: f"{r.get('fused_over_limit', nan):.2f}"),
              ("numpy ms", _ms("numpy_s")), ("numpy/limit", _ratio("numpy_over_limit")),
-             ("scratch KiB", lambda r: f"{r.get('fused_scratch_bytes', r['numpy_scratch_bytes']) / 1024:.0f}")]
+             ("scratch KiB", lambda r: "{:.0f}".format(
+                 r.get("fused_scratch_bytes", r["numpy_scratch_bytes"]) / 1024))]
             + [(f"{e}/ours", lambda r, e=e: f"{r.get(e + '_over_ours', nan):.2f}")
                for e in extra])
 
