@@ -159,6 +159,19 @@ def test_a_fault_in_a_decode_loop_names_its_step(tmp_path):
 
 
 @pytest.mark.launch
+def test_a_fault_every_rank_hits_ends_the_job_without_mpi_abort(tmp_path):
+    """Every rank reads past K: rank 0 hears from them all, reports once, and every rank
+    leaves through MPI_Finalize with exit 5: no MPI_Abort, so no launcher's abort line
+    after the report."""
+    body, says, _ = FAULTS["out of bounds"]
+    proc = launch(4, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64] + SMALL,
+                  timeout=60)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert says in proc.stderr and "the same fault on 3 more rank(s): 1, 2, 3" in proc.stderr
+    assert "Abort" not in proc.stderr and "BAD TERMINATION" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.launch
 def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
     """MPICH's launcher reported the SIGKILL of the other ranks (exit 9) now and then
     when the job was aborted on another communicator than the world's."""

@@ -28,6 +28,7 @@ from ..config.inputs import InputError, inspect_inputs  # noqa: E402
 from ..dsl.profile import load as load_profile  # noqa: E402
 from ..exits import SIGNAL, Exit, describe  # noqa: E402
 from ..mpi import faults, watchdog  # noqa: E402
+from ..mpi.tl_link import KernelExit  # noqa: E402
 from . import sizing  # noqa: E402
 from .options import add_arguments  # noqa: E402
 from .outputs import Interrupted, check_paths, npy_bytes  # noqa: E402
@@ -252,6 +253,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             if comm.rank == 0:
                 print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
             return Exit.USAGE
+        except KernelExit:       # every rank's kernel faulted, and rank 0 reported it
+            return Exit.FAULT
     except SystemExit:
         raise
     except (Interrupted, KeyboardInterrupt) as e:  # SIGTERM/SIGINT; a write cleans up

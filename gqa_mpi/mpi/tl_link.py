@@ -18,6 +18,7 @@ some message was sent and never received, that is reported the same way.
 """
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -32,7 +33,7 @@ from . import watchdog
 from .topology import Topology
 
 TAG_DATA = 77
-STATE, GO, FAULT = 1, 2, 3
+STATE, GO, FAULT, LEAVE = 1, 2, 3, 4
 HEARTBEAT = 0.25
 """Seconds between the reports of a waiting rank (and before its first)."""
 STABLE = 1.0
@@ -41,6 +42,11 @@ COLLECT = 0.3
 """Seconds rank 0 gathers the faults of other ranks after the first, for one report."""
 GRACE = 2.0
 """Seconds a faulting rank leaves rank 0 to report for it; then it reports itself."""
+
+
+class KernelExit(RuntimeError):
+    """The kernel faulted on every rank and rank 0 has reported it: every rank leaves,
+    through ``MPI_Finalize`` (exit code 5 on the command line), not ``MPI_Abort``."""
 
 
 class Watch:
@@ -67,12 +73,19 @@ class Watch:
         faults that follow within :data:`COLLECT` and prints each kind once, with the
         ranks that hit it; another rank hands its fault to rank 0 and reports it
         itself only if rank 0 has not ended the job within :data:`GRACE` (it computes
-        and does not look)."""
+        and does not look). Where every rank faulted, rank 0 has heard from them all:
+        it tells them to leave, and every rank raises :class:`KernelExit`."""
         if self.comm.rank == 0:
             self._faults.append((0, key, text))
             self._report_faults()
-        self.comm.isend((key, text), dest=0, tag=FAULT)
-        time.sleep(GRACE)
+        req = self.comm.isend((key, text), dest=0, tag=FAULT)
+        end = time.monotonic() + GRACE
+        while time.monotonic() < end:
+            if self.comm.Iprobe(source=0, tag=LEAVE):
+                self.comm.recv(source=0, tag=LEAVE)
+                req.Wait()
+                raise KernelExit("the kernel faulted on every rank (reported by rank 0)")
+            time.sleep(0.005)
         watchdog.say_and_abort(MPI.COMM_WORLD, text, Exit.FAULT)
 
     def _read_faults(self) -> None:
@@ -98,7 +111,13 @@ class Watch:
                 others = [str(r) for r, _ in hits[1:]]
                 shown = ", ".join(others[:16]) + (" ..." if len(others) > 16 else "")
                 lines.append(f"  the same fault on {len(others)} more rank(s): {shown}")
-        watchdog.say_and_abort(MPI.COMM_WORLD, "\n".join(lines), Exit.FAULT)
+        if {rank for rank, _, _ in self._faults} != set(range(self.comm.size)):
+            watchdog.say_and_abort(MPI.COMM_WORLD, "\n".join(lines), Exit.FAULT)
+        sys.stderr.write("\n".join(lines) + "\n")     # every rank is here: no abort
+        sys.stderr.flush()
+        for rank in range(1, self.comm.size):
+            self.comm.send(None, dest=rank, tag=LEAVE)
+        raise KernelExit("the kernel faulted on every rank (reported above)")
 
     def _tell(self, state: Tuple) -> None:
         if self.comm.rank == 0:
