@@ -430,7 +430,9 @@ def test_plots_say_where_they_ran_and_keep_their_axes_honest(tmp_path):
     assert all(p["step_lo"] <= p["step"] <= p["step_hi"] for p in pts)
     assert plots._footer(pts, 0.0) == ("host vm; ranks per core not recorded; "
                                        "commit not recorded")
-    mine = [dict(host="a,b", commit="0.2.0 abc1234"), dict(host="a", commit="0.2.0 abc1234")]
-    assert plots._footer(mine, 8.0) == "host a, b; up to 8 ranks per core; gqa_mpi 0.2.0 abc1234"
+    mine = [dict(host="a,b", commit="0.2.0 abc1234", ranks=16, ranks_per_core=8.0),
+            dict(host="a", commit="0.2.0 abc1234", ranks=2, ranks_per_core=1.0)]
+    assert plots._footer(mine, 8.0) == ("host a, b (2 cores); up to 8 ranks per core; "
+                                        "gqa_mpi 0.2.0 abc1234")
     written = plots.plot(str(docs / "strong.csv"), str(tmp_path))
     assert len(written) == 4 and all(Path(p).read_bytes()[:4] == b"\x89PNG" for p in written)

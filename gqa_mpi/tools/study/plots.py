@@ -37,7 +37,10 @@ def _footer(points: List[Dict], shared: float) -> str:
     def values(key):
         return sorted({v for p in points for v in str(p.get(key) or "").split(",") if v})
     hosts, commits = values("host"), values("commit")
-    return "; ".join([f"host {', '.join(hosts) or 'not recorded'}",
+    cores = sorted({round(int(p["ranks"]) / float(p["ranks_per_core"])) for p in points
+                    if p.get("ranks_per_core") and p.get("ranks")})
+    return "; ".join([f"host {', '.join(hosts) or 'not recorded'}"
+                      + (f" ({', '.join(map(str, cores))} cores)" if cores else ""),
                       f"up to {shared:g} ranks per core" if shared else
                       "ranks per core not recorded",
                       f"gqa_mpi {', '.join(commits)}" if commits else "commit not recorded"])
