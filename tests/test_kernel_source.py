@@ -112,6 +112,10 @@ FAULTS = {
             if tl.program_id(axis=0) == 1:
                 tl.send(dir="intra_W", src=tl.zeros((4,), "f32"))
         """, "1 message(s) sent with tl.send were never received", ""),
+    "a call tl lacks, reached at run time": ("""
+        def dyn_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            return getattr(tl, "no" + "such")
+        """, "tl.nosuch: gqa_mpi's tl has no such call", ":3)"),
     "the kernel's own exits": ("""
         import sys
         def quits_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):

@@ -292,3 +292,42 @@ def test_a_zero_length_load_at_the_end_of_a_tensor_is_no_fault_and_full_is_no_or
     assert tl.load(end, (0,), "f16").shape == (0,)
     tl.full((4,), float("-inf"), "f32")                  # a deliberate initialiser
     assert tl.count.nonfinite == []
+
+
+def test_a_kernel_file_that_uses_calls_tl_lacks_is_refused_listing_them_all(tmp_path):
+    """Every tl.NAME the backend lacks, each with its first line, in one line; a name in
+    a comment or a string is no call."""
+    from gqa_mpi.dsl import kernel_file as kf
+    path = str(tmp_path / "miss.py")
+    open(path, "w").write(textwrap.dedent("""
+        # tl.in_a_comment is not a call
+        def miss_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            s = "tl.in_a_string"
+            x = tl.make_block_ptr(k)
+            y = tl.atomic_add(x, 1)
+            z = tl.make_block_ptr(q)
+            return tl.exp(tl.load(k, (1,), "f16"))
+        """))
+    assert kf.missing_calls(path) == [("make_block_ptr", 5), ("atomic_add", 6)]
+    with pytest.raises(ValueError) as e:
+        kf.load(path)
+    assert str(e.value) == (f"kernel {path} uses calls gqa_mpi's tl does not have: "
+                            f"tl.make_block_ptr (line 5), tl.atomic_add (line 6)")
+    assert kf.missing_calls(kf.resolve("builtin:corrected")[0]) == []
+
+
+def test_a_call_tl_lacks_reached_another_way_is_a_fault_not_an_attribute_error(tmp_path):
+    src = str(tmp_path / "dyn.py")
+    open(src, "w").write(textwrap.dedent("""
+        def k(tl):
+            return getattr(tl, "no" + "such")
+        """))
+    ns = {}
+    exec(compile(open(src).read(), src, "exec"), ns)
+    tl = backend(source=src)
+    with pytest.raises(KernelFault) as e:
+        ns["k"](tl)
+    assert e.value.call == "nosuch" and "gqa_mpi's tl has no such call" in e.value.message
+    assert e.value.line == 3
+    with pytest.raises(AttributeError):      # Python's own protocols still see none
+        tl.__deepcopy__

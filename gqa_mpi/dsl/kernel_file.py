@@ -2,8 +2,10 @@
 function's signature checked before any rank calls it. No MPI here.
 
 ``builtin:NAME`` is ``gqa_mpi/kernels/NAME.py``. Without ``:FUNCTION`` the kernel is the
-one public function whose name ends in ``_kernel``. Its signature must take SPEC's
+one public function whose name ends in ``_kernel``. Its signature must take the
 arguments ``(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, *, tl)``.
+Before it runs, its source is scanned for every ``tl.NAME`` that gqa_mpi's ``tl`` does
+not have: they are refused together, each with its first line.
 
 A kernel is taken to assume the design card's PE grid of 4 columns (``pe % 4``, as
 the reference kernel computes it); one that works out its neighbours for any
@@ -12,9 +14,10 @@ the reference kernel computes it); one that works out its neighbours for any
 from __future__ import annotations
 
 import inspect
+import tokenize
 import os
 import runpy
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 BUILTIN = "builtin:"
 KERNELS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
@@ -56,8 +59,33 @@ def load(spec: str) -> Tuple[Callable, str]:
         raise ValueError(f"--kernel-source {spec}: no such file {path}")
     key = (path, name, os.path.getmtime(path))
     if key not in _loaded:
+        lacking = missing_calls(path)
+        if lacking:
+            shown = spec.rsplit(":", 1)[0] if name else spec
+            raise ValueError(f"kernel {shown} uses calls gqa_mpi's tl does not have: "
+                             + ", ".join(f"tl.{n} (line {line})" for n, line in lacking))
         _loaded[key] = _load(spec, path, name)
     return _loaded[key]
+
+
+def missing_calls(path: str) -> List[Tuple[str, int]]:
+    """Every ``tl.NAME`` of the file's code (not its comments or strings) that the
+    backend lacks, with the first line it is on, in the order of the file."""
+    from .tl import Backend
+    found: Dict[str, int] = {}
+    try:
+        with open(path, "rb") as f:
+            tokens = [t for t in tokenize.tokenize(f.readline)
+                      if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    except (tokenize.TokenError, SyntaxError, UnicodeDecodeError):
+        return []                       # the load that follows says what is wrong
+    for a, dot, b, after in zip(tokens, tokens[1:], tokens[2:], tokens[3:] + [None]):
+        if (a.type == tokenize.NAME and a.string == "tl" and dot.string == "."
+                and b.type == tokenize.NAME and not b.string.startswith("_")
+                and not hasattr(Backend, b.string)
+                and not (after is not None and after.string == "=")):   # tl.x = ...: a
+            found.setdefault(b.string, b.start[0])            # setattr, faulted as such
+    return list(found.items())
 
 
 def _load(spec: str, path: str, name: Optional[str]) -> Tuple[Callable, str]:

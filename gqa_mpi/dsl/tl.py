@@ -348,6 +348,13 @@ class Backend:
         self.count = self.monitor.count
         self._sealed = True
 
+    def __getattr__(self, name):
+        """A call this ``tl`` does not have: a kernel fault naming it and its line (a
+        file's are refused before it runs; this is one reached another way)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        raise self.fault(name, f"tl.{name}: gqa_mpi's tl has no such call")
+
     def __setattr__(self, name, value):
         if getattr(self, "_sealed", False):
             raise self.fault("setattr", f"a kernel cannot set tl.{name}: tl is the "
