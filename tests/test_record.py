@@ -94,8 +94,8 @@ def test_ranks_that_share_cores_are_named_in_the_record_and_the_report(tmp_path)
     rec = record()
     for r in rec.ranks:                     # node0: ranks 0, 1; node1: ranks 2, 3
         r.cores, r.load = (1, 0.2) if r.host == "node0" else (4, 6.0)
-    assert rec.crowded == [dict(host="node0", ranks=2, cores=1, load=0.2),
-                           dict(host="node1", ranks=2, cores=4, load=6.0)]
+    assert rec.crowded == [dict(host="node0", ranks=2, cores=1, load=0.2, busy=False),
+                           dict(host="node1", ranks=2, cores=4, load=6.0, busy=True)]
     assert rec.ranks_per_core == 2.0
     text = format_report(rec)
     assert ("note      node0: 2 rank(s) on 1 core(s): the times below are of shared cores, "
@@ -107,3 +107,9 @@ def test_ranks_that_share_cores_are_named_in_the_record_and_the_report(tmp_path)
     for r in rec.ranks:
         r.cores, r.load = 4, 0.5
     assert rec.crowded == [] and "rank(s) on" not in format_report(rec)
+    for r in rec.ranks:          # bound to cores 0 and 1 of a 64-core host: 1 a core
+        r.cores, r.load, r.cpus = 64, 0.5, [r.rank % 2]
+    assert rec.crowded == [] and rec.ranks_per_core == 1.0
+    for r in rec.ranks:          # both ranks of a host allowed the same one core
+        r.cpus = [7]
+    assert [h["cores"] for h in rec.crowded] == [1, 1] and rec.ranks_per_core == 2.0

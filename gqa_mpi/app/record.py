@@ -38,9 +38,11 @@ LOAD_AT_START = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
 run's own work, which it can only have counted for its first second or so."""
 
 
-def host_state() -> Dict[str, float]:
-    """``{cores, load}``: this host's logical CPUs, and :data:`LOAD_AT_START`."""
-    return dict(cores=os.cpu_count() or 1, load=LOAD_AT_START)
+def host_state() -> Dict:
+    """``{cores, cpus, load}``: this host's logical CPUs, the ones this process may run
+    on, and :data:`LOAD_AT_START`."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return dict(cores=os.cpu_count() or 1, cpus=cpus, load=LOAD_AT_START)
 
 
 UNITS = dict(timings="s", bytes="B", peak_rss_mib="MiB", created="UTC, ISO 8601")
@@ -82,6 +84,8 @@ class RankStats:
     """Tokens it holds at the end, after the last step's append."""
     cores: int = 0
     """Logical CPUs of its host (0: not recorded)."""
+    cpus: List[int] = field(default_factory=list)
+    """The CPUs it may run on (its affinity; a launcher that binds ranks narrows it)."""
     load: float = 0.0
     """Its host's 1-minute load average at the start (:data:`LOAD_AT_START`)."""
     source: Optional[Dict] = None
@@ -231,22 +235,35 @@ class RunRecord:
     @property
     def crowded(self) -> List[Dict]:
         """The hosts whose times are not one rank's on a core of its own: ``{host,
-        ranks, cores, load}`` of each host with more ranks than cores, or already busy
-        at the start (a load above its cores)."""
+        ranks, cores, load, busy}`` of each host with more ranks than the cores they may
+        run on, or already busy at the start (a load above the host's cores)."""
         out = []
         for host in self.hosts:
             mine = [r for r in self.ranks if r.host == host]
-            cores, load = max(r.cores for r in mine), max(r.load for r in mine)
-            if cores and (len(mine) > cores or load > cores):
-                out.append(dict(host=host, ranks=len(mine), cores=cores, load=load))
+            cores, load = self._cores(mine), max(r.load for r in mine)
+            busy = load > max(r.cores for r in mine)      # the whole host's load
+            if cores and (len(mine) > cores or busy):
+                out.append(dict(host=host, ranks=len(mine), cores=cores, load=load,
+                                busy=busy))
         return out
+
+    @staticmethod
+    def _cores(ranks: List[RankStats]) -> int:
+        """The cores some rank of one host may run on: the union of their affinities
+        (a container's or a batch job's share), else the host's count (0: unknown)."""
+        if all(r.cpus for r in ranks):
+            return len(set().union(*(r.cpus for r in ranks)))
+        return max(r.cores for r in ranks)
 
     @property
     def ranks_per_core(self) -> float:
         """The most ranks any host ran per core (0: not recorded)."""
-        per = [sum(r.host == h for r in self.ranks) / max(r.cores for r in self.ranks
-                                                             if r.host == h)
-               for h in self.hosts if all(r.cores for r in self.ranks if r.host == h)]
+        per = []
+        for host in self.hosts:
+            mine = [r for r in self.ranks if r.host == host]
+            cores = self._cores(mine)
+            if cores:
+                per.append(len(mine) / cores)
         return max(per, default=0.0)
 
     @property

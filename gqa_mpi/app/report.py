@@ -33,7 +33,7 @@ def format_report(record: RunRecord) -> str:
     for h in record.crowded:
         lines.append(f"note      {h['host']}: {h['ranks']} rank(s) on {h['cores']} core(s)"
                      + (f", already busy at the start (load {h['load']:.1f})"
-                        if h["load"] > h["cores"] else "")
+                        if h["busy"] else "")
                      + ": the times below are of shared cores, not of one rank on a core of "
                        "its own; the results are not affected")
     if record.predicted is not None:
