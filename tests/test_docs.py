@@ -156,8 +156,11 @@ def test_the_docs_and_help_stand_on_their_own():
     """A user's clone has no ../shared: no page and no --help sends them there, or to a
     SPEC they do not have; the kernel's file is the user's KERNEL.py, said once where."""
     from gqa_mpi.app.cli import build_parser
+    from gqa_mpi.tools.bench import build_parser as bench
+    from gqa_mpi.tools.study.cli import build_parser as study
     texts = {str(p.relative_to(ROOT)): p.read_text() for p in PAGES}
-    texts["--help"] = build_parser().format_help()
+    for name, build in (("--help", build_parser), ("bench", bench), ("study", study)):
+        texts[name] = build().format_help()
     for name, text in texts.items():
         assert "../shared" not in text and "SPEC" not in text, name
     assert "`KERNEL.py` is your copy of the kernel's file" in texts["docs/kernel-source.md"]

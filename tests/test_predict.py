@@ -199,3 +199,41 @@ def test_a_replay_whose_messages_were_never_sent_says_so():
     calls = {0: [("recv", "recv", 16, "intra_E", 3)], 1: []}
     with pytest.raises(ValueError, match="rank 0 at call 0 wait for messages that were never"):
         replay(calls, Grid(1, 2, 4), PROFILE)
+
+
+def test_the_probed_profile_is_the_users_and_its_absence_says_how_to_make_it(tmp_path,
+                                                                            monkeypatch):
+    """`--predict host` reads the user's probed profile, never one in the package; where
+    there is none, one line says how to make it; a user's profile of a shipped name is
+    the one read."""
+    from gqa_mpi.dsl import profile
+    monkeypatch.setenv("GQA_MPI_PROFILES", str(tmp_path / "mine"))
+    with pytest.raises(ValueError, match=r"--predict host: this machine has not been probed "
+                                         r"yet: run `mpirun -n N python -m gqa_mpi.probe` "
+                                         r"\(it writes .*mine/host.toml\), or name another "
+                                         r"profile: .*example-npu"):
+        load_profile("host")
+    assert "host" not in profile._names(profile.PROFILES_DIR)     # the package has none
+    assert "xeon-16core-vm" in profile.shipped()                  # a probed example
+    (tmp_path / "mine").mkdir()
+    shipped = open(profile.resolve("example-npu")).read()
+    (tmp_path / "mine" / "example-npu.toml").write_text(shipped.replace(
+        'name = "example-npu"', 'name = "my-npu"'))
+    assert load_profile("example-npu").name == "my-npu"
+
+
+@pytest.mark.launch
+def test_the_probe_writes_the_users_profile_and_says_where(tmp_path):
+    import sys
+    from gqa_mpi.dsl import profile
+    from gqa_mpi.tools.launcher import mpirun_command, run_bounded
+    before = sorted(os.listdir(profile.PROFILES_DIR))
+    env = dict(os.environ, GQA_MPI_PROFILES=str(tmp_path / "p"))
+    proc = run_bounded(mpirun_command(2, [sys.executable, "-m", "gqa_mpi.probe", "--repeats",
+                                          "1"]), timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "probe: 2 ranks; messages" in proc.stdout                    # a line as it goes
+    assert f"probe: wrote {tmp_path / 'p' / 'host.toml'}; predict with it: --predict host" \
+        in proc.stdout
+    assert (tmp_path / "p" / "host.toml").read_text().count('name = "host"') == 1
+    assert sorted(os.listdir(profile.PROFILES_DIR)) == before            # the package untouched

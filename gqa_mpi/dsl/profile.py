@@ -2,10 +2,11 @@
 a TOML file and checked field by field. No MPI here.
 
 Every number is in SI units; the schema (each field, its unit, what it costs) is
-:data:`SCHEMA`. A profile is a file path or the name of one that gqa_mpi ships
-(``gqa_mpi/profiles/NAME.toml``: ``example-npu``, SPEC's own numbers, and ``host`` where
-``python -m gqa_mpi.probe`` has written one). A missing, unknown, negative or
-non-numeric field is refused in one line that names it.
+:data:`SCHEMA`. A profile is a file path, or a name: one of the user's
+(:func:`user_dir`, where ``python -m gqa_mpi.probe`` writes ``host``), else one that
+gqa_mpi ships (``gqa_mpi/profiles/NAME.toml``: ``example-npu``, ``nvlink4``, ``ib-ndr``
+and ``xeon-16core-vm``, a probed machine). A missing, unknown, negative or non-numeric
+field is refused in one line that names it.
 """
 from __future__ import annotations
 
@@ -71,18 +72,40 @@ class Profile:
         return self.inter if direction in ("E", "W") else self.noc
 
 
+PROBED = "host"
+"""The name the probe gives this machine's profile."""
+
+
+def user_dir() -> str:
+    """Where the user's profiles live (the probe writes there): ``$GQA_MPI_PROFILES``,
+    else ``$XDG_CONFIG_HOME/gqa_mpi/profiles``, else ``~/.config/gqa_mpi/profiles``."""
+    explicit = os.environ.get("GQA_MPI_PROFILES")
+    if explicit:
+        return explicit
+    config = os.environ.get("XDG_CONFIG_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                ".config")
+    return os.path.join(config, "gqa_mpi", "profiles")
+
+
 def resolve(spec: str) -> str:
-    """The file of a profile: a path as given, else a shipped profile's name."""
+    """The file of a profile: a path as given, else a name, the user's before gqa_mpi's."""
     if os.path.exists(spec) or os.sep in spec or spec.endswith(".toml"):
         return os.path.abspath(spec)
-    return os.path.join(PROFILES_DIR, f"{spec}.toml")
+    mine = os.path.join(user_dir(), f"{spec}.toml")
+    return mine if os.path.isfile(mine) or spec == PROBED else \
+        os.path.join(PROFILES_DIR, f"{spec}.toml")
+
+
+def _names(directory: str) -> List[str]:
+    if not os.path.isdir(directory):
+        return []
+    return sorted(f[:-5] for f in os.listdir(directory) if f.endswith(".toml"))
 
 
 def shipped() -> List[str]:
-    """The names of the profiles gqa_mpi ships (and ``host`` once probed)."""
-    if not os.path.isdir(PROFILES_DIR):
-        return []
-    return sorted(f[:-5] for f in os.listdir(PROFILES_DIR) if f.endswith(".toml"))
+    """The names of the profiles at hand: the user's (``host`` once probed) and those
+    gqa_mpi ships."""
+    return sorted(set(_names(user_dir())) | set(_names(PROFILES_DIR)))
 
 
 def load(spec: str) -> Profile:
@@ -91,6 +114,10 @@ def load(spec: str) -> Profile:
     where = f"--predict {spec}"
     if not os.path.isfile(path):
         names = ", ".join(shipped()) or "none"
+        if spec == PROBED:
+            raise ValueError(f"{where}: this machine has not been probed yet: run `mpirun "
+                             f"-n N python -m gqa_mpi.probe` (it writes {path}), or name "
+                             f"another profile: {names}")
         raise ValueError(f"{where}: no such file {path} (shipped profiles: {names})")
     try:
         import tomllib

@@ -23,7 +23,7 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   sweep of the same float16 tiles, per launch;
 - ``predict FILE --profile P``: the step ``--predict P`` predicts against the step
   measured in the same launch (with the ``host`` profile the probe wrote, how well
-  SPEC's cost model describes this machine).
+  the cost model describes this machine).
 
 With no subcommand it runs ``local``, ``reduce`` and ``startup`` with their defaults.
 Each table prints a line as it starts, and each launch or size as it goes.

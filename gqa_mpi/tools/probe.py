@@ -1,5 +1,6 @@
 """``mpirun -n N python -m gqa_mpi.probe``: write the ``host`` profile of this machine,
-the numbers of SPEC's cost model as gqa_mpi's own run of a kernel on N ranks meets them.
+the numbers of the cost model (docs/predict.md) as gqa_mpi's own run of a kernel on N
+ranks meets them.
 
 Every rank measures at the same time, as the ranks of a run compute at the same time
 (so the memory bandwidth and the clock a core keeps when all of them are busy are in
@@ -35,7 +36,7 @@ from typing import Dict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from ..dsl.profile import PROFILES_DIR, Link, Profile, to_toml  # noqa: E402
+from ..dsl.profile import PROBED, Link, Profile, to_toml, user_dir  # noqa: E402
 from ..exits import Exit  # noqa: E402
 from .bench import best_of as best  # noqa: E402
 
@@ -131,10 +132,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m gqa_mpi.probe", description=(__doc__ or "")
                                 .replace("``", ""),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", default=os.path.join(PROFILES_DIR, "host.toml"),
-                   help="where to write the profile (default: the shipped 'host', "
-                        "%(default)s)")
-    p.add_argument("--name", default="host", help="the profile's name (default host)")
+    p.add_argument("--out", default=None,
+                   help="where to write the profile (default: NAME.toml in your profiles "
+                        "directory, $GQA_MPI_PROFILES or ~/.config/gqa_mpi/profiles, which "
+                        "--predict NAME reads)")
+    p.add_argument("--name", default=PROBED, help="the profile's name (default host)")
     p.add_argument("--repeats", type=int, default=5, help="best of N (default 5)")
     args = p.parse_args(argv)
     from mpi4py import MPI
@@ -144,8 +146,14 @@ def main(argv=None) -> int:
             print("gqa_mpi: error: the probe measures messages between two ranks: run "
                   "`mpirun -n 2 python -m gqa_mpi.probe`", flush=True)
         return Exit.USAGE
+    out = args.out or os.path.join(user_dir(), f"{args.name}.toml")
+    say = (lambda text: print(f"probe: {text}", flush=True)) if world.rank == 0 else \
+        (lambda text: None)
+    say(f"{world.size} ranks; messages on a cube's and the inter-cube communicator")
     net = links(world, args.repeats)
     world.Barrier()
+    say("every rank at once: its memory's read bandwidth and latency, then the tl "
+        "backend's call cost and dot and vector rates")
     mine = dict(memory(args.repeats), **backend_rates(args.repeats))
     every = world.gather(mine, root=0)
     if world.rank == 0:
@@ -161,7 +169,9 @@ def main(argv=None) -> int:
                 f"# What gqa_mpi's own run of a kernel meets here (see the probe's help), "
                 f"not an accelerator's figures.\n")
         from ..app.outputs import atomic_write
-        atomic_write(args.out, lambda f: f.write(head + to_toml(prof)), mode="w")
-        print(f"wrote {args.out}", flush=True)
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        atomic_write(out, lambda f: f.write(head + to_toml(prof)), mode="w")
+        print(to_toml(prof).rstrip(), flush=True)
+        say(f"wrote {out}; predict with it: --predict {out if args.out else args.name}")
     world.Barrier()
     return Exit.PASSED
