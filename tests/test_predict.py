@@ -190,7 +190,7 @@ def test_a_profile_is_refused_in_one_line_naming_what_is_wrong(tmp_path):
     deep.write_text("name = " + "[" * 20000 + "]" * 20000 + "\n")
     with pytest.raises(ValueError, match="nests arrays or tables too deeply"):
         load_profile(str(deep))
-    assert set(SCHEMA) == {"pe", "noc", "inter"}
+    assert set(SCHEMA) == {"pe", "noc", "inter", "cube"}        # [cube]: an extension
     assert load_profile("example-npu").noc.bytes_per_s == 6.4e10     # SPEC's numbers
 
 
@@ -237,3 +237,69 @@ def test_the_probe_writes_the_users_profile_and_says_where(tmp_path):
         in proc.stdout
     assert (tmp_path / "p" / "host.toml").read_text().count('name = "host"') == 1
     assert sorted(os.listdir(profile.PROFILES_DIR)) == before            # the package untouched
+
+
+def with_pe(**pe):
+    """The test profile with some [pe] fields changed (and the rest as they are)."""
+    return from_dict(dict(TABLES, pe=dict(TABLES["pe"], **pe)))
+
+
+def test_rates_by_dtype_take_the_table_entry_or_its_default(tmp_path):
+    """vector f16 at 2e11 (its entry), f32 at the default 1e11; dot of f16 operands at
+    the default 1e12, of f32 at its entry 5e11; a max costs its operand's dtype."""
+    fn, path = kernel(tmp_path, """
+        def dtypes_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            x = tl.zeros((64,), "f16")
+            y = tl.zeros((32,), "f32")
+            m = tl.max(x)
+            a = tl.dot(tl.zeros((2, 16), "f16"), tl.zeros((16, 4), "f16"))
+            b = tl.dot(tl.zeros((2, 16), "f32"), tl.zeros((16, 4), "f32"))
+        """)
+    g, backends = run_pes(fn, path)
+    prof = with_pe(vector_elems_per_s={"default": 1e11, "f16": 2e11},
+                   dot_flops_per_s={"default": 1e12, "f32": 5e11})
+    p = replay({r: b.monitor.calls for r, b in backends.items()}, g, prof)
+    f16, f32 = 2e11, 1e11                       # vector rates
+    want = (c + 64 / f16) + (c + 32 / f32) + (c + 64 / f16) \
+        + (c + 32 / f16) + (c + 64 / f16) + (c + 256 / 1e12) \
+        + (c + 32 / f32) + (c + 64 / f32) + (c + 256 / 5e11)
+    assert p.step_s == pytest.approx(want, rel=1e-12)
+    plain = replay({r: b.monitor.calls for r, b in backends.items()}, g, PROFILE)
+    assert plain.step_s == pytest.approx(9 * c + (64 + 32 + 64 + 32 + 64 + 32 + 64) / 1e11
+                                         + 512 / 1e12, rel=1e-12)     # no table: as before
+    with pytest.raises(ValueError, match="needs a default"):
+        with_pe(vector_elems_per_s={"f16": 2e11})
+    with pytest.raises(ValueError, match="'f64' is none of them"):
+        with_pe(vector_elems_per_s={"default": 1e11, "f64": 2e11})
+    with pytest.raises(ValueError, match=r"pe.dot_flops_per_s.f32 must be positive"):
+        with_pe(dot_flops_per_s={"default": 1e12, "f32": 0})
+
+
+def test_a_cubes_memory_is_shared_fairly_by_the_pes_that_load(tmp_path):
+    """[cube] mem_bytes_per_s = 1.5e11 and 3 of a cube's 4 PEs load 128 bytes: each of
+    them at min(1e11, 1.5e11 / 3) = 5e10; the PE that loads nothing costs nothing. With
+    2 cubes of 2 PEs (PE indices 0 and 1: all load), each cube's 2 share its memory."""
+    body = """
+        def share_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            if tl.program_id(axis=0) != 3:
+                x = tl.load(k, shape=(4, 16), dtype="f16")
+        """
+    fn, path = kernel(tmp_path, body)
+    shared = from_dict(dict(TABLES, cube=dict(mem_bytes_per_s=1.5e11)))
+    g, backends = run_pes(fn, path, P=4, S=64)
+    p = replay({r: b.monitor.calls for r, b in backends.items()}, g, shared)
+    assert p.step_s == pytest.approx(c + 1e-7 + 128 / 5e10, rel=1e-12)
+    assert p.pes[3].t == 0.0
+    g, backends = run_pes(fn, path, C=2, P=2, S=64)
+    p = replay({r: b.monitor.calls for r, b in backends.items()}, g, shared)
+    assert p.step_s == pytest.approx(c + 1e-7 + 128 / 7.5e10, rel=1e-12)   # 1.5e11 / 2
+
+
+def test_the_extensions_round_trip_through_the_profiles_text(tmp_path):
+    import tomllib
+    from gqa_mpi.dsl.profile import to_toml
+    prof = from_dict(dict(TABLES, pe=dict(TABLES["pe"], vector_elems_per_s={
+        "default": 1e11, "f16": 2e11}), cube=dict(mem_bytes_per_s=3e11)))
+    again = from_dict(tomllib.loads(to_toml(prof)))
+    assert again.vector_elems_per_s == {"default": 1e11, "f16": 2e11}
+    assert again.cube_mem_bytes_per_s == 3e11 and again.rate("vector_elems_per_s", "i1") == 1e11

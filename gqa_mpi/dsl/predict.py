@@ -22,8 +22,16 @@ A link is one ordered pair of neighbours, first in, first out. The predicted ste
 the largest final clock; the critical path runs back from the PE that finished last
 through each ``recv`` that waited, to the PE and the call its message came from.
 
-A recorded call is ``(call, kind, amount, direction, line)``: ``kind`` one of
-:data:`KINDS`, ``amount`` its bytes, flops or elements, ``direction`` a message's.
+A recorded call is ``(call, kind, amount, direction, line, dtype)``: ``kind`` one of
+:data:`KINDS`, ``amount`` its bytes, flops or elements, ``direction`` a message's,
+``dtype`` the one its rate is looked up by (a dot's first operand's, a reduction's
+operand's, every other vector call's result's; the last may be left out).
+
+Two extensions of the model, each off unless its profile field is there (SPEC's
+*Extensions of the model*): **rates by dtype** (``dot_flops_per_s`` or
+``vector_elems_per_s`` a table with a ``default``) and **a cube's shared memory**
+(``[cube] mem_bytes_per_s = B_c``: in a step, the ``n`` PEs of a cube that make at
+least one load or store each move at ``min(mem_bytes_per_s, B_c / n)``).
 """
 from __future__ import annotations
 
@@ -92,7 +100,7 @@ class Prediction:
             if not waited:
                 break
             i, m, wait = waited[-1]
-            _, _, nbytes, direction, line = self.calls[m.src][m.index]
+            _, _, nbytes, direction, line = self.calls[m.src][m.index][:5]
             hops.append(dict(from_rank=m.src, to_rank=pe.rank, direction=direction,
                              bytes=int(nbytes), call="send", line=line,
                              recv_line=self.calls[pe.rank][i][4], sent_s=m.sent,
@@ -109,13 +117,33 @@ class Prediction:
                     critical_path=self.critical_path())
 
 
-def cost(profile: Profile, kind: str, amount: float) -> float:
-    """What a call of ``kind`` and ``amount`` costs on its PE (not send/recv)."""
+def cost(profile: Profile, kind: str, amount: float, dtype: Optional[str] = None,
+         mem_bytes_per_s: Optional[float] = None) -> float:
+    """What a call of ``kind`` and ``amount`` costs on its PE (not send/recv): a vector
+    or dot call at its ``dtype``'s rate; a load or store at ``mem_bytes_per_s`` (its
+    cube's fair share), by default the PE's own."""
     if kind == "mem":
-        return profile.call_s + profile.mem_latency_s + amount / profile.mem_bytes_per_s
+        rate = profile.mem_bytes_per_s if mem_bytes_per_s is None else mem_bytes_per_s
+        return profile.call_s + profile.mem_latency_s + amount / rate
     if kind == "dot":
-        return profile.call_s + amount / profile.dot_flops_per_s
-    return profile.call_s + amount / profile.vector_elems_per_s
+        return profile.call_s + amount / profile.rate("dot_flops_per_s", dtype)
+    return profile.call_s + amount / profile.rate("vector_elems_per_s", dtype)
+
+
+def memory_rates(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile
+                 ) -> Dict[int, float]:
+    """Each PE's memory rate in this step: its own, or with ``[cube] mem_bytes_per_s``
+    the lower of it and the cube's share among the cube's PEs that load or store."""
+    own = profile.mem_bytes_per_s
+    if profile.cube_mem_bytes_per_s is None:
+        return {rank: own for rank in calls}
+    users: Dict[int, int] = {}
+    for rank, mine in calls.items():
+        if any(call[1] == "mem" for call in mine):
+            cube = grid.place(rank).cube
+            users[cube] = users.get(cube, 0) + 1
+    return {rank: min(own, profile.cube_mem_bytes_per_s
+                      / users.get(grid.place(rank).cube, 1)) for rank in calls}
 
 
 def replay(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile) -> Prediction:
@@ -124,6 +152,7 @@ def replay(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile) -> Pr
     free: Dict[Tuple[int, int], float] = {}
     queues: Dict[Tuple[int, int], deque] = {}
     at = {pe.rank: 0 for pe in pes}
+    mem_rate = memory_rates(calls, grid, profile)
     todo = [pe for pe in pes]
     while todo:
         progressed = False
@@ -131,7 +160,7 @@ def replay(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile) -> Pr
             mine = calls[pe.rank]
             while at[pe.rank] < len(mine):
                 i = at[pe.rank]
-                name, kind, amount, direction, _ = mine[i]
+                name, kind, amount, direction = mine[i][:4]
                 start = pe.t
                 if kind == "send":
                     dst = grid.neighbour(pe.rank, direction)
@@ -154,7 +183,8 @@ def replay(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile) -> Pr
                     pe.split["wait_s"] += max(0.0, m.arrival - ready)
                     pe.recvs.append((i, m, max(0.0, m.arrival - ready)))
                 else:
-                    pe.t += cost(profile, kind, amount)
+                    pe.t += cost(profile, kind, amount, mine[i][5] if len(mine[i]) > 5
+                                 else None, mem_rate[pe.rank])
                     pe.split[BUCKETS[kind]] += pe.t - start
                 pe.spans.append((start, pe.t))
                 at[pe.rank] += 1
@@ -175,8 +205,8 @@ def trace_events(prediction: Prediction, pid: int = 10 ** 6) -> List[Dict]:
     for pe in prediction.pes:
         events.append(dict(name="thread_name", ph="M", pid=pid, tid=pe.rank,
                            args=dict(name=f"rank {pe.rank}")))
-        for (name, kind, amount, direction, line), (t0, t1) in zip(
-                prediction.calls[pe.rank], pe.spans):
+        for call, (t0, t1) in zip(prediction.calls[pe.rank], pe.spans):
+            name, kind, amount, direction, line = call[:5]
             args = dict(line=line, amount=amount)
             if direction:
                 args["dir"] = direction

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple, Union
 
 PROFILES_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                             "profiles")
@@ -36,8 +36,22 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, str]]] = {
         "latency_s": ("s", "E/W between cubes: from the end of a send to the arrival"),
         "bytes_per_s": ("B/s", "E/W: one link per ordered pair of cubes' PEs"),
     },
+    "cube": {
+        "mem_bytes_per_s": ("B/s", "a cube's memory, shared: each of the n PEs that load "
+                                   "or store in a step moves at most this over n"),
+    },
 }
 """``table -> field -> (unit, what it costs)``; and ``name``, a string, at the top."""
+
+OPTIONAL = ("cube",)
+"""Tables a profile may leave out: each an extension of the model, off without it."""
+
+BY_DTYPE = ("dot_flops_per_s", "vector_elems_per_s")
+"""Rates a profile may give per dtype, as an inline table with a ``default``:
+``vector_elems_per_s = {default = 1.0e11, f16 = 2.0e11}``."""
+
+DTYPES = ("f16", "f32", "bf16", "fp8e4m3", "fp8e5m2", "i32", "i1")
+"""The dtype names a rate table takes (besides ``default``)."""
 
 RATES = ("dot_flops_per_s", "vector_elems_per_s", "mem_bytes_per_s", "bytes_per_s")
 """Fields that divide: they must be positive, not only non-negative."""
@@ -58,18 +72,28 @@ class Profile:
 
     name: str
     call_s: float
-    dot_flops_per_s: float
-    vector_elems_per_s: float
+    dot_flops_per_s: Union[float, Dict[str, float]]
+    vector_elems_per_s: Union[float, Dict[str, float]]
     mem_bytes_per_s: float
     mem_latency_s: float
     scratch_bytes: float
     noc: Link
     inter: Link
     path: str = ""
+    cube_mem_bytes_per_s: Optional[float] = None
+    """``[cube] mem_bytes_per_s``: the memory a cube's PEs share (None: not shared)."""
 
     def link(self, direction: str) -> Link:
         """The link a message in ``direction`` travels on."""
         return self.inter if direction in ("E", "W") else self.noc
+
+    def rate(self, field: str, dtype: Optional[str]) -> float:
+        """``dot_flops_per_s`` or ``vector_elems_per_s`` for ``dtype``: the rate, or a
+        rate table's entry for it, else its ``default``."""
+        value = getattr(self, field)
+        if isinstance(value, dict):
+            return value.get(dtype, value["default"])
+        return value
 
 
 PROBED = "host"
@@ -148,6 +172,8 @@ def from_dict(data: Dict, where: str = "profile", path: str = "") -> Profile:
     values: Dict[str, Dict[str, float]] = {}
     for table, fields in SCHEMA.items():
         got = data.get(table)
+        if got is None and table in OPTIONAL:
+            continue
         if not isinstance(got, dict):
             raise ValueError(f"{where}: missing table [{table}] (with "
                              f"{', '.join(fields)})")
@@ -160,17 +186,32 @@ def from_dict(data: Dict, where: str = "profile", path: str = "") -> Profile:
             if field not in got:
                 raise ValueError(f"{where}: missing field {table}.{field} ({unit})")
             value = got[field]
-            if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                    or not math.isfinite(value):
-                raise ValueError(f"{where}: {table}.{field} must be a finite number "
-                                 f"({unit}), got {value!r}")
-            if value < 0 or (field in RATES and value == 0):
-                need = "positive" if field in RATES else "non-negative"
-                raise ValueError(f"{where}: {table}.{field} must be {need} ({unit}), "
-                                 f"got {value!r}")
-            values[table][field] = float(value)
+            if isinstance(value, dict) and field in BY_DTYPE:
+                bad = sorted(set(value) - set(DTYPES) - {"default"})
+                if bad or "default" not in value:
+                    raise ValueError(
+                        f"{where}: {table}.{field} as a table needs a default and takes "
+                        f"the dtypes {', '.join(DTYPES)}; "
+                        + (f"{bad[0]!r} is none of them" if bad else "it has no default"))
+                values[table][field] = {k: _number(v, f"{table}.{field}.{k}", unit,
+                                                   True, where) for k, v in value.items()}
+                continue
+            values[table][field] = _number(value, f"{table}.{field}", unit, field in RATES,
+                                           where)
+    cube = values.get("cube", {}).get("mem_bytes_per_s")
     return Profile(name=name, **values["pe"], noc=Link(**values["noc"]),
-                   inter=Link(**values["inter"]), path=path)
+                   inter=Link(**values["inter"]), path=path, cube_mem_bytes_per_s=cube)
+
+
+def _number(value, name: str, unit: str, rate: bool, where: str) -> float:
+    """A profile's number, checked: finite, non-negative, and positive for a rate."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value):
+        raise ValueError(f"{where}: {name} must be a finite number ({unit}), got {value!r}")
+    if value < 0 or (rate and value == 0):
+        need = "positive" if rate else "non-negative"
+        raise ValueError(f"{where}: {name} must be {need} ({unit}), got {value!r}")
+    return float(value)
 
 
 def to_toml(p: Profile, comments: Dict[str, str] = None) -> str:
@@ -178,9 +219,14 @@ def to_toml(p: Profile, comments: Dict[str, str] = None) -> str:
     comments = comments or {}
     lines = [f'name = "{p.name}"']
     for table, fields in SCHEMA.items():
+        if table == "cube" and p.cube_mem_bytes_per_s is None:
+            continue
         lines.append(f"\n[{table}]")
         for field, (unit, what) in fields.items():
-            value = getattr(p, field) if table == "pe" else getattr(getattr(p, table), field)
+            value = (getattr(p, field) if table == "pe" else p.cube_mem_bytes_per_s
+                     if table == "cube" else getattr(getattr(p, table), field))
             note = comments.get(f"{table}.{field}", f"{unit}: {what}")
-            lines.append(f"{field:<19}= {value:<14.9g} # {note}")
+            text = ("{" + ", ".join(f"{k} = {v:.9g}" for k, v in value.items()) + "}"
+                    if isinstance(value, dict) else f"{value:.9g}")
+            lines.append(f"{field:<19}= {text:<14} # {note}")
     return "\n".join(lines) + "\n"

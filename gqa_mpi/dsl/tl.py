@@ -64,6 +64,14 @@ MAKES_NONFINITE = frozenset(("+", "-", "*", "/", "exp", "log", "dot", "sum", "ca
 cast to float16); the results of the others (max, where, slices, ...) are not scanned."""
 
 
+def dtype_name(dt) -> str:
+    """A dtype as a profile's rate table names it: ``f16``, ``f32``, ``i1`` for a
+    comparison's booleans, else NumPy's name."""
+    dt = np.dtype(dt)
+    return DSL_NAMES.get(dt) or ("i1" if dt == np.bool_ else "i32" if dt == np.int32
+                                 else dt.name)
+
+
 class KernelFault(Exception):
     """The kernel under test did something the hardware would not survive."""
 
@@ -252,10 +260,11 @@ class Monitor:
             f = f.f_back
         return None
 
-    def call(self, name: str, kind: str, amount: float, direction: Optional[str] = None
-             ) -> None:
+    def call(self, name: str, kind: str, amount: float, direction: Optional[str] = None,
+             dtype: Optional[np.dtype] = None) -> None:
         """A call that has a cost: counted for the report (its bytes, flops, messages),
-        and kept for the replay of ``--predict`` when recording."""
+        and kept for the replay of ``--predict`` when recording, with the dtype its
+        rate is looked up by (:func:`dtype_name`)."""
         c = self.count
         if kind == "mem":
             if name == "load":
@@ -268,7 +277,8 @@ class Monitor:
             total = (c.sent if kind == "send" else c.received).setdefault(direction, [0, 0])
             total[0], total[1] = total[0] + 1, total[1] + amount
         if self.calls is not None:
-            self.calls.append((name, kind, amount, direction, self.line()))
+            self.calls.append((name, kind, amount, direction, self.line(),
+                               None if dtype is None else dtype_name(dtype)))
 
     def made(self, nbytes: int) -> Optional[Scope]:
         """A tensor of ``nbytes`` was made: its scope (None: persistent)."""
@@ -429,9 +439,10 @@ class Backend:
             raise self.fault(name, what) from None
         out = np.asarray(out)
         if name in REDUCTIONS:
-            self.monitor.call(name, "vec", np.size(arrays[0]))
+            self.monitor.call(name, "vec", np.size(arrays[0]),
+                              dtype=np.result_type(arrays[0]))
         elif name not in FREE:
-            self.monitor.call(name, "vec", out.size)
+            self.monitor.call(name, "vec", out.size, dtype=out.dtype)
         return self._tensor(out, name, arrays)
 
     def _find(self, ptr, nbytes: int, call: str) -> Tuple[Region, int]:
@@ -509,7 +520,7 @@ class Backend:
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
             out = out.astype(out_dt, copy=False)
         flops = 2 * x.shape[0] * x.shape[1] * y.shape[1]
-        self.monitor.call("dot", "dot", flops)
+        self.monitor.call("dot", "dot", flops, dtype=x.dtype)
         return self._tensor(out, "dot", (x, y))
 
     def sum(self, x: Tensor, axis: int = -1) -> Tensor:
@@ -556,7 +567,7 @@ class Backend:
     def zeros(self, shape, dtype="f32") -> Tensor:
         shape, dt = self._sh(shape, "zeros"), self._dt(dtype, "zeros")
         out = np.zeros(shape, dt)
-        self.monitor.call("zeros", "vec", out.size)
+        self.monitor.call("zeros", "vec", out.size, dtype=out.dtype)
         return Tensor(out, self)
 
     def full(self, shape, value, dtype="f32") -> Tensor:
@@ -567,7 +578,7 @@ class Backend:
             raise self.fault("full", f"tl.full: the value is a {type(value).__name__}, "
                                      f"not a number")
         out = np.full(shape, value, dt)
-        self.monitor.call("full", "vec", out.size)
+        self.monitor.call("full", "vec", out.size, dtype=out.dtype)
         return Tensor(out, self)
 
     def copy_to(self, dst: Tensor, src) -> None:
@@ -582,7 +593,7 @@ class Backend:
             # new values, never a write into the old ones: slices, reshapes and loads
             # are views, and a tensor viewing dst keeps the values it was made with
             dst.a = np.array(a, dtype=dst.a.dtype)
-        self.monitor.call("copy_to", "vec", dst.a.size)
+        self.monitor.call("copy_to", "vec", dst.a.size, dtype=dst.a.dtype)
 
     def send(self, dir: str, src: Tensor) -> None:  # noqa: A002 (the kernel's keyword)
         """``src``'s elements as they are now, in its dtype, to the neighbour ``dir``."""
