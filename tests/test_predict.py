@@ -235,7 +235,13 @@ def test_the_probe_writes_the_users_profile_and_says_where(tmp_path):
     assert "probe: 2 ranks; messages" in proc.stdout                    # a line as it goes
     assert f"probe: wrote {tmp_path / 'p' / 'host.toml'}; predict with it: --predict host" \
         in proc.stdout
-    assert (tmp_path / "p" / "host.toml").read_text().count('name = "host"') == 1
+    written = (tmp_path / "p" / "host.toml").read_text()
+    assert written.count('name = "host"') == 1
+    assert "probe: rank 0 alone" in proc.stdout
+    prof = load_profile(str(tmp_path / "p" / "host.toml"))      # the extensions it uses
+    assert set(prof.vector_elems_per_s) == set(prof.dot_flops_per_s) == {"default", "f32",
+                                                                          "f16"}
+    assert prof.cube_mem_bytes_per_s > 0
     assert sorted(os.listdir(profile.PROFILES_DIR)) == before            # the package untouched
 
 

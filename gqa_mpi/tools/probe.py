@@ -7,14 +7,19 @@ Every rank measures at the same time, as the ranks of a run compute at the same 
 the numbers); the profile takes the median over the ranks, each the best of
 ``--repeats``:
 
-- ``pe.mem_bytes_per_s``: a streaming read of a buffer far larger than the caches;
+- ``pe.mem_bytes_per_s``: a streaming read of a buffer far larger than the caches, by
+  rank 0 alone (the others wait); ``[cube] mem_bytes_per_s``: the same read by every
+  rank at once, the median rank's rate times a cube's PEs (``--cube-pes``, default the
+  2x4 grid's 8, or the ranks if fewer): what a cube gets when every core reads;
   ``pe.mem_latency_s``: a dependent chain of reads over it (a random cycle), less the
   same chain over a buffer that fits in the L1 cache (the interpreter's own cost);
 - ``pe.call_s``: a ``tl`` call on one element through the backend;
-  ``pe.dot_flops_per_s``: ``tl.dot`` of ``(G, d) x (d, tile)``, float32, less ``call_s``;
+  ``pe.dot_flops_per_s``: ``tl.dot`` of ``(G, d) x (d, tile)`` with float32 operands and
+  with float16 ones, less ``call_s``: a table by dtype;
   ``pe.vector_elems_per_s``: the elements per second of the vector calls a tile of the
-  corrected kernel makes most of (the float16-to-float32 casts of a ``(tile, d)`` slice,
-  its transpose, an ``exp`` of the scores), all their elements over all their time;
+  corrected kernel makes most of, per result dtype: float32 (a ``(tile, d)`` slice
+  widened from float16, its transpose, an ``exp`` of the scores) and float16 (the same
+  slice narrowed, its transpose, the ``exp``), all their elements over all their time;
 - ``pe.scratch_bytes``: the core's L2 cache, where the system says;
 - ``noc`` and ``inter``: half the round trip of a ping-pong between ranks 0 and 1 on
   the cube's communicator (``intra_E``) and on the inter-cube one (``E``): 8 bytes for
@@ -41,11 +46,16 @@ from ..exits import Exit  # noqa: E402
 from .bench import best_of as best  # noqa: E402
 
 
-def memory(repeats: int) -> Dict[str, float]:
-    """Streaming read bandwidth and the latency of a dependent read, one core."""
+def bandwidth(repeats: int) -> float:
+    """Streaming read bandwidth of one core, B/s."""
     big = np.ones(64 << 20, np.float32)                        # 256 MiB
-    bandwidth = big.nbytes / min(best(lambda: np.dot(big, big), repeats),
-                                 best(lambda: big.view(np.int64).sum(), repeats))
+    return big.nbytes / min(best(lambda: np.dot(big, big), repeats),
+                            best(lambda: big.view(np.int64).sum(), repeats))
+
+
+def memory(repeats: int) -> Dict[str, float]:
+    """Streaming read bandwidth (every rank at once) and the latency of a dependent
+    read, one core."""
 
     def chase(n: int, steps: int) -> float:
         order = np.random.default_rng(0).permutation(n)
@@ -58,7 +68,7 @@ def memory(repeats: int) -> Dict[str, float]:
                 i = chain[i]
         return best(walk, repeats) / steps
     latency = max(0.0, chase(32 << 20, 200_000) - chase(1 << 10, 200_000))
-    return dict(mem_bytes_per_s=bandwidth, mem_latency_s=latency)
+    return dict(together_bytes_per_s=bandwidth(repeats), mem_latency_s=latency)
 
 
 def backend_rates(repeats: int, G: int = 8, d: int = 128, tile: int = 1024) -> Dict:
@@ -67,18 +77,21 @@ def backend_rates(repeats: int, G: int = 8, d: int = 128, tile: int = 1024) -> D
     tl = Backend(0, 0, [(n, np.zeros((tile, d), np.float16), 2 * d, 0) for n in "QKVO"])
     one = tl.full((1,), 1.0, "f32")
     call = best(lambda: tl.exp(one), repeats, 2000)
-    q = tl.full((G, d), 0.5, "f32")
-    kt = tl.full((d, tile), 0.5, "f32")
-    dot = best(lambda: tl.dot(q, kt), repeats, 50)
-    flops = 2 * G * d * tile / max(dot - call, 1e-12)
     k16 = tl.load(tl.pointer("K"), (tile, d), "f16")
     k32 = tl.cast(k16, "f32")
-    scores = tl.full((G, tile), -1.0, "f32")
-    ops = [(lambda: tl.cast(k16, "f32"), tile * d), (lambda: tl.trans(k32), tile * d),
-           (lambda: tl.exp(scores), G * tile)]
-    seconds = sum(max(best(fn, repeats, 20) - call, 1e-12) for fn, _ in ops)
-    return dict(call_s=call, dot_flops_per_s=flops,
-                vector_elems_per_s=sum(n for _, n in ops) / seconds)
+    dots, vectors = {}, {}
+    for dt, k in (("f32", k32), ("f16", k16)):
+        q = tl.full((G, d), 0.5, dt)
+        kt = tl.trans(k)
+        dot = best(lambda: tl.dot(q, kt), repeats, 50)
+        dots[dt] = 2 * G * d * tile / max(dot - call, 1e-12)
+        scores = tl.full((G, tile), -1.0, dt)
+        other = k16 if dt == "f32" else k32          # widened to f32, or narrowed to f16
+        ops = [(lambda: tl.cast(other, dt), tile * d), (lambda: tl.trans(k), tile * d),
+               (lambda: tl.exp(scores), G * tile)]
+        seconds = sum(max(best(fn, repeats, 20) - call, 1e-12) for fn, _ in ops)
+        vectors[dt] = sum(n for _, n in ops) / seconds
+    return dict(call_s=call, dot_flops_per_s=dots, vector_elems_per_s=vectors)
 
 
 def l2_bytes() -> int:
@@ -138,6 +151,8 @@ def main(argv=None) -> int:
                         "--predict NAME reads)")
     p.add_argument("--name", default=PROBED, help="the profile's name (default host)")
     p.add_argument("--repeats", type=int, default=5, help="best of N (default 5)")
+    p.add_argument("--cube-pes", type=int, default=8,
+                   help="PEs of a cube, for [cube] mem_bytes_per_s (default 8, the 2x4 grid)")
     args = p.parse_args(argv)
     from mpi4py import MPI
     world = MPI.COMM_WORLD
@@ -152,14 +167,24 @@ def main(argv=None) -> int:
     say(f"{world.size} ranks; messages on a cube's and the inter-cube communicator")
     net = links(world, args.repeats)
     world.Barrier()
+    say("rank 0 alone: its memory's read bandwidth")
+    alone = bandwidth(args.repeats) if world.rank == 0 else 0.0
+    world.Barrier()
     say("every rank at once: its memory's read bandwidth and latency, then the tl "
-        "backend's call cost and dot and vector rates")
+        "backend's call cost and dot and vector rates (float32 and float16)")
     mine = dict(memory(args.repeats), **backend_rates(args.repeats))
     every = world.gather(mine, root=0)
     if world.rank == 0:
-        pe = {k: float(np.median([e[k] for e in every])) for k in mine}
+        def median(key):
+            if isinstance(mine[key], dict):
+                rates = {dt: float(np.median([e[key][dt] for e in every])) for dt in mine[key]}
+                return dict(default=rates["f32"], **rates)
+            return float(np.median([e[key] for e in every]))
+        pe = {k: median(k) for k in mine if k != "together_bytes_per_s"}
+        cube = median("together_bytes_per_s") * min(args.cube_pes, world.size)
         prof = Profile(name=args.name, scratch_bytes=float(l2_bytes()), noc=net["noc"],
-                       inter=net["inter"], **pe)
+                       inter=net["inter"], mem_bytes_per_s=alone,
+                       cube_mem_bytes_per_s=cube, **pe)
         from .. import __version__
         library = MPI.Get_library_version().replace("\x00", "").splitlines()[0].strip()
         head = (f"# {args.name}: written by `python -m gqa_mpi.probe` (gqa_mpi "
