@@ -176,6 +176,8 @@ def test_the_record_to_the_output_stream_keeps_the_report(tmp_path, stream):
 def test_a_path_that_is_this_processs_stdout_is_that_stream(capfd):
     assert outputs.stream("/dev/stdout") == 1 and outputs.stream("/dev/stderr") == 2
     assert outputs.check_paths({"--json": "/dev/stdout"}) is None
+    assert "--output /dev/stdout: is also the --json output" in outputs.check_paths(
+        {"--json": "/dev/stdout", "--output": "/dev/stdout"})
     print("before", flush=True)
     outputs.write_json("/dev/stdout", {"a": 1})
     assert capfd.readouterr().out == 'before\n{\n  "a": 1\n}\n'

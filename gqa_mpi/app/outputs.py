@@ -84,7 +84,13 @@ def check_paths(outputs: Dict[str, Optional[str]], inputs: Iterable[str] = (),
             continue
         if not path:
             return f"{flag}: empty file name"
-        if stream(path) is not None:        # written in place, after what came before
+        fd = stream(path)
+        if fd is not None:                  # written in place, after what came before
+            name = f"<fd {fd}>"
+            if name in seen:
+                return (f"{flag} {path}: is also the {seen[name]} output; give each output "
+                        f"its own file")
+            seen[name] = flag
             continue
         real = os.path.realpath(path)
         where = f"{flag} {path}"

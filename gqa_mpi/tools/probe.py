@@ -154,6 +154,8 @@ def main(argv=None) -> int:
     p.add_argument("--cube-pes", type=int, default=8,
                    help="PEs of a cube, for [cube] mem_bytes_per_s (default 8, the 2x4 grid)")
     args = p.parse_args(argv)
+    if args.repeats < 1 or args.cube_pes < 1:
+        p.error("--repeats and --cube-pes must be at least 1")
     from mpi4py import MPI
     world = MPI.COMM_WORLD
     if world.size < 2:
