@@ -176,6 +176,21 @@ def test_a_fault_every_rank_hits_ends_the_job_without_mpi_abort(tmp_path):
 
 
 @pytest.mark.launch
+def test_device_print_lines_reach_rank_0_by_pe_in_program_order(tmp_path):
+    body = """
+        def show_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            pe = tl.program_id(axis=0)
+            tl.device_print("first", pe)
+            tl.device_print("then", tl.full((2,), 0.5, "f32"))
+        """
+    proc = launch(3, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 48] + SMALL,
+                  timeout=60)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("[rank")]
+    assert lines == [f"[rank {r}: cube 0 / PE {r}] {what}" for r in range(3)
+                     for what in (f"first {r}", "then [0.5, 0.5]")], proc.stdout
+
+
+@pytest.mark.launch
 def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
     """MPICH's launcher reported the SIGKILL of the other ranks (exit 9) now and then
     when the job was aborted on another communicator than the world's."""

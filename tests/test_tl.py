@@ -331,3 +331,43 @@ def test_a_call_tl_lacks_reached_another_way_is_a_fault_not_an_attribute_error(t
     assert e.value.line == 3
     with pytest.raises(AttributeError):      # Python's own protocols still see none
         tl.__deepcopy__
+
+
+def test_the_debugging_calls_show_values_and_fault_on_their_line(tmp_path, capsys):
+    """print(x) and repr(x) show the values; tl.device_print keeps the PE's lines in
+    program order; tl.static_print prints once (cube 0's PE 0); a false static_assert
+    or device_assert is a fault naming its line; none of them costs anything."""
+    src = str(tmp_path / "dbg.py")
+    open(src, "w").write(textwrap.dedent("""
+        def k(tl):
+            x = tl.full((3,), 1.5, "f32")
+            tl.device_print("x:", x, 7)
+            tl.device_print("again")
+            tl.static_print("once")
+            tl.static_assert(1 + 1 == 2, "arithmetic")
+            tl.device_assert(x > 0.0, "positive")
+            return x
+
+        def bad_static(tl):
+            tl.static_assert(False, "the grid")
+
+        def bad_device(tl):
+            tl.device_assert(tl.full((4,), -1.0, "f32") > 0.0, "positive")
+        """))
+    ns = {}
+    exec(compile(open(src).read(), src, "exec"), ns)
+    tl = backend(source=src)
+    x = ns["k"](tl)
+    assert repr(x) == str(x) == "Tensor(shape=(3,), dtype=f32, values=[1.5, 1.5, 1.5])"
+    assert tl.monitor.printed == ["x: [1.5, 1.5, 1.5] 7", "again"]
+    assert capsys.readouterr().out == "once\n"
+    backend(pe=1, source=src).static_print("not from PE 1")
+    assert capsys.readouterr().out == ""
+    with pytest.raises(KernelFault) as e:
+        ns["bad_static"](backend(source=src))
+    assert (e.value.call, e.value.line) == ("static_assert", 12)
+    assert e.value.message == "static_assert failed: the grid"
+    with pytest.raises(KernelFault) as e:
+        ns["bad_device"](backend(source=src))
+    assert (e.value.call, e.value.line) == ("device_assert", 15)
+    assert "device_assert failed on 4 of 4 element(s): positive" in e.value.message

@@ -108,6 +108,12 @@ class Scope:
         self.line, self.live, self.ended = line, 0, False
 
 
+def _values(a: np.ndarray) -> str:
+    """A tensor's values as a debugging line shows them (long ones summarised)."""
+    return np.array2string(np.asarray(a), threshold=64, edgeitems=3, precision=6,
+                           separator=", ", max_line_width=10 ** 6)
+
+
 class Tensor:
     """A block of values with a dtype (float16, float32 or bool), as the kernel sees it."""
 
@@ -122,7 +128,9 @@ class Tensor:
     ndim = property(lambda self: self.a.ndim)
 
     def __repr__(self):
-        return f"Tensor(shape={self.shape}, dtype={self.dtype})"
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, values={_values(self.a)})"
+
+    __str__ = __repr__
 
     def __len__(self):
         return len(self.a)
@@ -248,6 +256,8 @@ class Monitor:
         """With ``record``: each call that has a cost, ``(call, kind, amount,
         direction, line)`` (:mod:`gqa_mpi.dsl.predict`'s), one entry a call."""
         self.scopes: List[Scope] = []
+        self.printed: List[str] = []
+        """The lines of ``tl.device_print``, in this PE's program order."""
         self.live = 0
         self.rec = recorder if recorder is not None and recorder.events is not None else None
 
@@ -469,6 +479,34 @@ class Backend:
             raise self.fault("program_id", f"tl.program_id: axis must be 0 (PE) or 1 "
                                            f"(cube), got {axis!r}")
         return self.pe if axis == 0 else self.cube
+
+    # ---- debugging: no cost on the hardware
+    def device_print(self, prefix: str, *xs) -> None:
+        """A line for rank 0 to print after the step, prefixed with this PE, in this PE's
+        program order: ``prefix`` and each of ``xs`` (a tensor's values, or a number)."""
+        parts = [_values(x.a) if isinstance(x, Tensor) else repr(x) for x in xs]
+        self.monitor.printed.append(" ".join([str(prefix)] + parts))
+
+    def static_print(self, *xs) -> None:
+        """Print now, once (from cube 0's PE 0), as Triton prints at compile time."""
+        if self.pe == 0 and self.cube == 0:
+            print(*xs, flush=True)
+
+    def static_assert(self, cond, msg: str = "") -> None:
+        """A compile-time check on a Python value: false is a fault naming its line."""
+        if isinstance(cond, Tensor):
+            raise self.fault("static_assert", "tl.static_assert takes a Python value, not "
+                                              "a tensor (use tl.device_assert)")
+        if not cond:
+            raise self.fault("static_assert", f"static_assert failed: {msg}".rstrip(": "))
+
+    def device_assert(self, cond, msg: str = "") -> None:
+        """A run-time check: any false element is a fault naming its line."""
+        values = cond.a if isinstance(cond, Tensor) else np.asarray(cond)
+        if not np.all(values):
+            bad = int(np.size(values) - np.count_nonzero(values))
+            raise self.fault("device_assert", f"device_assert failed on {bad} of "
+                                              f"{np.size(values)} element(s): {msg}".rstrip(": "))
 
     def local_tokens(self) -> int:
         """gqa_mpi's one extension of the DSL: the token rows of K (and of V) in this

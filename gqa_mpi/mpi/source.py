@@ -15,6 +15,7 @@ traceback trimmed to FILE's frames), and every rank leaves with
 """
 from __future__ import annotations
 
+import sys
 import traceback
 from typing import Dict, List, Optional
 
@@ -113,6 +114,7 @@ class SourceStep(LocalStep):
                         f"{place.cube}, PE {place.pe}){self.when}:\n"
                         f"{self._own_exception(exc)}")
         backend.link.finish()
+        self._print(backend.monitor.printed)
         self.total.add(backend.count)
         if backend.monitor.calls is not None:
             self.calls.append(backend.monitor.calls)
@@ -120,6 +122,18 @@ class SourceStep(LocalStep):
         if topo.is_root:
             return backend.region("O").data.astype(np.float32)
         return None
+
+    def _print(self, mine: List[str]) -> None:
+        """Rank 0 prints every PE's ``tl.device_print`` lines, rank by rank, each PE's in
+        its program order, prefixed with the PE."""
+        every = self.topo.comm.gather(mine, root=0)
+        if self.topo.is_root and any(every):
+            for rank, lines in enumerate(every):
+                place = self.cfg.layout.place(rank)
+                for line in lines:
+                    print(f"[rank {rank}: cube {place.cube} / PE {place.pe}{self.when}] "
+                          f"{line}")
+            sys.stdout.flush()
 
     def stats(self) -> Dict:
         """What the kernel did on this rank, for :class:`~gqa_mpi.app.record.RankStats`."""
