@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gqa_mpi.dsl.kernel_file import load
-from gqa_mpi.dsl.tl import Backend, KernelFault, run_kernel
+from gqa_mpi.dsl.tl import Backend, KernelFault, Tensor, run_kernel
 
 
 def backend(q=None, k=None, v=None, o=None, link=None, source=None, pe=0, cube=0):
@@ -371,3 +371,62 @@ def test_the_debugging_calls_show_values_and_fault_on_their_line(tmp_path, capsy
         ns["bad_device"](backend(source=src))
     assert (e.value.call, e.value.line) == ("device_assert", 15)
     assert "device_assert failed on 4 of 4 element(s): positive" in e.value.message
+
+
+UNARY = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
+         "rsqrt": lambda a: 1 / np.sqrt(a), "abs": np.abs, "floor": np.floor,
+         "ceil": np.ceil, "sin": np.sin, "cos": np.cos,
+         "sigmoid": lambda a: 1 / (1 + np.exp(-a))}
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+@pytest.mark.parametrize("name", sorted(UNARY))
+def test_each_elementwise_call_is_numpys_in_the_operands_dtype_at_a_vector_cost(name, dtype):
+    """Triton's meaning, computed in float64 here and compared at the dtype's rounding;
+    the result keeps the dtype; the call is recorded as vector work of its result."""
+    np_dt = np.float16 if dtype == "f16" else np.float32
+    a = np.linspace(0.25, 3.0, 24).reshape(4, 6).astype(np_dt)
+    tl = Backend(0, 0, [("K", np.zeros((4, 8), np.float16), 16, 0)], record=True)
+    x = Tensor(a, tl)
+    out = getattr(tl, name)(x)
+    want = UNARY[name](a.astype(np.float64))
+    assert out.dtype == dtype and out.shape == (4, 6)
+    tol = 2e-3 if dtype == "f16" else 2e-6
+    assert np.allclose(out.a.astype(np.float64), want, rtol=tol, atol=tol)
+    assert tl.monitor.calls[-1][:3] == (name, "vec", 24) and tl.monitor.calls[-1][5] == dtype
+
+
+def test_the_wider_vocabulary_keeps_triton_s_meanings_and_costs():
+    tl = Backend(0, 0, [("K", np.zeros((4, 8), np.float16), 16, 0)], record=True)
+    object.__setattr__(tl, "_programs", (8, 2))
+    assert (tl.num_programs(0), tl.num_programs(axis=1)) == (8, 2)
+    assert tl.constexpr(64) == 64 and list(tl.static_range(2, 6, 2)) == [2, 4]
+    assert list(tl.range(3)) == [0, 1, 2] and tl.cdiv(10, 4) == 3
+    i = tl.arange(0, 6)
+    assert i.dtype == "int32" and list(i.a) == list(range(6))
+    # integer // and % truncate toward zero, as Triton's do
+    m = tl.arange(-3, 4)
+    assert list((m // 2).a) == [-1, -1, 0, 0, 0, 1, 1]
+    assert list((m % 2).a) == [-1, 0, -1, 0, 1, 0, 1]
+    x = tl.full((2, 3), 2.0, "f16")
+    assert (x ** 2).dtype == "f16" and float(np.asarray((x ** 2).a).max()) == 4.0
+    assert tl.fma(x, x, 1.0).a.max() == 5.0 and tl.clamp(x, 0.0, 1.5).a.max() == 1.5
+    assert tl.zeros_like(x).dtype == "f16" and tl.full_like(x, 7.0).a[1, 2] == 7.0
+    assert x.to("f32").dtype == "f32" and x.T.shape == (3, 2)
+    assert tl.expand_dims(tl.arange(0, 3), 0).shape == (1, 3) and x[:, None].shape == (2, 1, 3)
+    assert tl.view(x, (3, 2)).shape == (3, 2) and tl.ravel(x).shape == (6,)
+    assert tl.permute(tl.zeros((2, 3, 4), "f32"), (2, 0, 1)).shape == (4, 2, 3)
+    assert tl.broadcast_to(tl.zeros((1, 3), "f32"), (4, 3)).shape == (4, 3)
+    s = Tensor(np.array([[1.0, 3.0, 2.0], [0.0, -1.0, 5.0]], np.float32), tl)
+    assert list(tl.argmax(s).a) == [1, 2] and list(tl.argmin(s, axis=-1).a) == [0, 1]
+    assert tl.sum(s, axis=None).a == 10.0 and tl.max(s, keep_dims=True).shape == (2, 1)
+    assert np.allclose(tl.cumsum(s).a, np.cumsum(s.a, axis=-1))
+    sm = tl.softmax(s).a
+    want = np.exp(s.a - s.a.max(-1, keepdims=True))
+    assert np.allclose(sm, want / want.sum(-1, keepdims=True), rtol=1e-6)
+    b = tl.arange(0, 4) < 2
+    assert list((b & ~b).a) == [False] * 4 and list((b | ~b).a) == [True] * 4
+    # costs: views are free, reductions by their operand, the rest by their result
+    kinds = {c[0]: c[2] for c in tl.monitor.calls}
+    assert "view" not in kinds and "ravel" not in kinds and "expand_dims" not in kinds
+    assert kinds["argmax"] == 6 and kinds["softmax"] == 6 and kinds["permute"] == 24

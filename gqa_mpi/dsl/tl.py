@@ -55,11 +55,12 @@ MAX_NONFINITE = 5
 """Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
 UNTRACED = nullcontext()
-REDUCTIONS = frozenset(("sum", "max", "min"))
+REDUCTIONS = frozenset(("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax"))
 """Calls costed by their operand's elements; the other ops by their result's."""
-FREE = frozenset(("[]", "reshape"))
+FREE = frozenset(("[]", "reshape", "view", "expand_dims", "ravel"))
 """Calls that cost nothing in SPEC's model (a view of the same elements)."""
-MAKES_NONFINITE = frozenset(("+", "-", "*", "/", "exp", "log", "dot", "sum", "cast"))
+MAKES_NONFINITE = frozenset(("+", "-", "*", "/", "exp", "log", "dot", "sum", "cast", "exp2",
+                             "log2", "sqrt", "rsqrt", "**", "fma", "//", "%", "cumsum"))
 """The calls that can make inf or NaN from finite operands (an overflow, a log of 0, a
 cast to float16); the results of the others (max, where, slices, ...) are not scanned."""
 
@@ -112,6 +113,15 @@ def _values(a: np.ndarray) -> str:
     """A tensor's values as a debugging line shows them (long ones summarised)."""
     return np.array2string(np.asarray(a), threshold=64, edgeitems=3, precision=6,
                            separator=", ", max_line_width=10 ** 6)
+
+
+def _floordiv(a, b):
+    """``//``: integers truncate toward zero, as Triton's do; floats floor."""
+    a, b = np.asarray(a), np.asarray(b)
+    if np.issubdtype(np.result_type(a, b), np.integer):
+        q = np.floor_divide(a, b)
+        return q + ((np.fmod(a, b) != 0) & ((a < 0) != (b < 0)))
+    return np.floor_divide(a, b)
 
 
 class Tensor:
@@ -176,6 +186,28 @@ class Tensor:
 
     def __neg__(self):
         return self.tl._op("-", np.negative, self)
+
+    def __invert__(self):
+        return self.tl._op("~", np.invert, self)
+
+    __floordiv__ = lambda s, o: s._bin(o, _floordiv, "//")            # noqa: E731
+    __rfloordiv__ = lambda s, o: s._bin(o, _floordiv, "//", True)     # noqa: E731
+    __mod__ = lambda s, o: s._bin(o, np.fmod, "%")                   # noqa: E731
+    __rmod__ = lambda s, o: s._bin(o, np.fmod, "%", True)            # noqa: E731
+    __pow__ = lambda s, o: s._bin(o, np.power, "**")                 # noqa: E731
+    __rpow__ = lambda s, o: s._bin(o, np.power, "**", True)          # noqa: E731
+    __and__ = lambda s, o: s._bin(o, np.bitwise_and, "&")            # noqa: E731
+    __rand__ = lambda s, o: s._bin(o, np.bitwise_and, "&", True)     # noqa: E731
+    __or__ = lambda s, o: s._bin(o, np.bitwise_or, "|")              # noqa: E731
+    __ror__ = lambda s, o: s._bin(o, np.bitwise_or, "|", True)       # noqa: E731
+    __xor__ = lambda s, o: s._bin(o, np.bitwise_xor, "^")            # noqa: E731
+    __rxor__ = lambda s, o: s._bin(o, np.bitwise_xor, "^", True)     # noqa: E731
+
+    def to(self, dtype) -> "Tensor":
+        """``tl.cast(self, dtype)``."""
+        return self.tl.cast(self, dtype)
+
+    T = property(lambda self: self.tl.trans(self))
 
 
 @dataclass
@@ -561,31 +593,79 @@ class Backend:
         self.monitor.call("dot", "dot", flops, dtype=x.dtype)
         return self._tensor(out, "dot", (x, y))
 
-    def sum(self, x: Tensor, axis: int = -1) -> Tensor:
-        """Sum along ``axis`` in float32, rounded once to ``x``'s dtype."""
-        return self._op("sum", lambda a: np.sum(a, axis=axis, dtype=np.float32)
+    def sum(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
+        """Sum along ``axis`` (None: all) in float32, rounded once to ``x``'s dtype."""
+        return self._op("sum", lambda a: np.asarray(np.sum(
+            a, axis=axis, dtype=np.float32, keepdims=keep_dims)).astype(a.dtype), x)
+
+    def max(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
+        return self._op("max", lambda a: np.max(a, axis=axis, keepdims=keep_dims), x)
+
+    def min(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
+        return self._op("min", lambda a: np.min(a, axis=axis, keepdims=keep_dims), x)
+
+    def argmax(self, x: Tensor, axis: int = -1) -> Tensor:
+        return self._op("argmax", lambda a: np.argmax(a, axis=axis).astype(np.int32), x)
+
+    def argmin(self, x: Tensor, axis: int = -1) -> Tensor:
+        return self._op("argmin", lambda a: np.argmin(a, axis=axis).astype(np.int32), x)
+
+    def cumsum(self, x: Tensor, axis: int = -1) -> Tensor:
+        """Running sums along ``axis``, in float32, rounded once to ``x``'s dtype."""
+        return self._op("cumsum", lambda a: np.cumsum(a, axis=axis, dtype=np.float32)
                         .astype(a.dtype), x)
 
-    def max(self, x: Tensor, axis: int = -1) -> Tensor:
-        return self._op("max", lambda a: np.max(a, axis=axis), x)
+    def softmax(self, x: Tensor, dim: int = -1) -> Tensor:
+        """``exp(x - max) / sum`` along the last axis, in float32, rounded once."""
+        def fn(a):
+            e = np.exp(a.astype(np.float32) - np.max(a, axis=dim, keepdims=True))
+            return (e / np.sum(e, axis=dim, keepdims=True)).astype(a.dtype)
+        return self._op("softmax", fn, x)
 
-    def min(self, x: Tensor, axis: int = -1) -> Tensor:
-        return self._op("min", lambda a: np.min(a, axis=axis), x)
+    def num_programs(self, axis: int = 0) -> int:
+        """The PEs of a cube (axis 0) or the cubes (axis 1)."""
+        if axis not in (0, 1):
+            raise self.fault("num_programs", f"tl.num_programs: axis must be 0 (PEs) or 1 "
+                                             f"(cubes), got {axis!r}")
+        return self._programs[axis]
 
-    def exp(self, x: Tensor) -> Tensor:
-        return self._op("exp", np.exp, x)
+    constexpr = staticmethod(lambda value: value)
+    """An annotation of a compile-time parameter; called, ``tl.constexpr(v)`` is ``v``."""
+    static_range = range = staticmethod(range)
 
-    def log(self, x: Tensor) -> Tensor:
-        return self._op("log", np.log, x)
+    @staticmethod
+    def cdiv(a, b):
+        """``ceil(a / b)`` of integers (numbers or tensors)."""
+        return (a + b - 1) // b
 
-    def maximum(self, a, b) -> Tensor:
-        return self._op("maximum", np.maximum, a, b)
+    def arange(self, start: int, end: int) -> Tensor:
+        """``start .. end - 1`` as int32."""
+        out = np.arange(start, end, dtype=np.int32)
+        self.monitor.call("arange", "vec", out.size, dtype=out.dtype)
+        return Tensor(out, self)
 
-    def minimum(self, a, b) -> Tensor:
-        return self._op("minimum", np.minimum, a, b)
+    def zeros_like(self, x: Tensor) -> Tensor:
+        return self._op("zeros_like", np.zeros_like, x)
 
-    def where(self, cond, a, b) -> Tensor:
-        return self._op("where", np.where, cond, a, b)
+    def full_like(self, x: Tensor, value) -> Tensor:
+        return self._op("full_like", lambda a: np.full_like(a, value), x)
+
+    def view(self, x: Tensor, shape) -> Tensor:
+        """``reshape``: the same elements in row-major order, as ``shape``."""
+        return self.reshape(x, shape)
+
+    def expand_dims(self, x: Tensor, axis: int) -> Tensor:
+        return self._op("expand_dims", lambda a: np.expand_dims(a, axis), x)
+
+    def ravel(self, x: Tensor) -> Tensor:
+        return self._op("ravel", np.ravel, x)
+
+    def permute(self, x: Tensor, dims) -> Tensor:
+        return self._op("permute", lambda a: np.ascontiguousarray(np.transpose(a, dims)), x)
+
+    def broadcast_to(self, x: Tensor, shape) -> Tensor:
+        shape = self._sh(shape, "broadcast_to")
+        return self._op("broadcast_to", lambda a: np.array(np.broadcast_to(a, shape)), x)
 
     def trans(self, x: Tensor) -> Tensor:
         return self._op("trans", lambda a: np.ascontiguousarray(a.T), x)
@@ -664,10 +744,32 @@ class Backend:
         return UNTRACED if self.monitor.rec is None else self.monitor.span(name, **args)
 
 
+def _sigmoid(a):
+    return 1 / (1 + np.exp(-a))
+
+
+ELEMENTWISE = {
+    "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
+    "rsqrt": lambda a: np.reciprocal(np.sqrt(a)), "abs": np.abs, "floor": np.floor,
+    "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "sigmoid": _sigmoid,
+    "maximum": np.maximum, "minimum": np.minimum, "where": np.where,
+    "fma": lambda a, b, c: a * b + c,
+    "clamp": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
+}
+"""Triton's elementwise calls, each one NumPy call on the aligned operands (the row
+rule and NumPy's broadcasting), its result in the operands' dtype: a vector call,
+costed by its result's elements."""
+
+for _name, _fn in ELEMENTWISE.items():
+    setattr(Backend, _name, (lambda name, fn: lambda self, *xs: self._op(name, fn, *xs))(
+        _name, _fn))
+
+
 def run_kernel(fn, backend: Backend, T_q: int, S_kv: int, h_q: int, h_kv: int, d: int,
                C: int, P: int):
     """Call the kernel with SPEC's signature on ``backend``'s memory (NumPy's warnings
     off: inf and NaN are the kernel's values, reported by the monitor)."""
+    object.__setattr__(backend, "_programs", (P, C))
     ptr = backend.pointer
     with np.errstate(all="ignore"):
         return fn(ptr("Q"), ptr("K"), ptr("V"), ptr("O"), T_q, S_kv, h_q, h_kv, d, C, P,
