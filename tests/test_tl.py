@@ -401,6 +401,7 @@ def test_the_wider_vocabulary_keeps_triton_s_meanings_and_costs():
     object.__setattr__(tl, "_programs", (8, 2))
     assert (tl.num_programs(0), tl.num_programs(axis=1)) == (8, 2)
     assert tl.constexpr(64) == 64 and list(tl.static_range(2, 6, 2)) == [2, 4]
+    assert tl.zeros((2,), tl.float16).dtype == "f16" and tl.full((1,), 1, tl.float32).dtype == "f32"
     assert list(tl.range(3)) == [0, 1, 2] and tl.cdiv(10, 4) == 3
     i = tl.arange(0, 6)
     assert i.dtype == "int32" and list(i.a) == list(range(6))

@@ -629,6 +629,8 @@ class Backend:
                                              f"(cubes), got {axis!r}")
         return self._programs[axis]
 
+    float16, float32 = "f16", "f32"
+    """Triton's dtype objects, as the strings every ``dtype=`` here takes."""
     constexpr = staticmethod(lambda value: value)
     """An annotation of a compile-time parameter; called, ``tl.constexpr(v)`` is ``v``."""
     static_range = range = staticmethod(range)
