@@ -168,20 +168,6 @@ class Tensor:
     def _bin(self, other, fn, name, swap=False):
         return self.tl._op(name, fn, other, self) if swap else self.tl._op(name, fn, self, other)
 
-    __add__ = lambda s, o: s._bin(o, np.add, "+")                    # noqa: E731
-    __radd__ = lambda s, o: s._bin(o, np.add, "+", True)             # noqa: E731
-    __sub__ = lambda s, o: s._bin(o, np.subtract, "-")               # noqa: E731
-    __rsub__ = lambda s, o: s._bin(o, np.subtract, "-", True)        # noqa: E731
-    __mul__ = lambda s, o: s._bin(o, np.multiply, "*")               # noqa: E731
-    __rmul__ = lambda s, o: s._bin(o, np.multiply, "*", True)        # noqa: E731
-    __truediv__ = lambda s, o: s._bin(o, np.divide, "/")             # noqa: E731
-    __rtruediv__ = lambda s, o: s._bin(o, np.divide, "/", True)      # noqa: E731
-    __lt__ = lambda s, o: s._bin(o, np.less, "<")                    # noqa: E731
-    __gt__ = lambda s, o: s._bin(o, np.greater, ">")                 # noqa: E731
-    __le__ = lambda s, o: s._bin(o, np.less_equal, "<=")             # noqa: E731
-    __ge__ = lambda s, o: s._bin(o, np.greater_equal, ">=")          # noqa: E731
-    __eq__ = lambda s, o: s._bin(o, np.equal, "==")                  # noqa: E731
-    __ne__ = lambda s, o: s._bin(o, np.not_equal, "!=")              # noqa: E731
     __hash__ = object.__hash__
 
     def __neg__(self):
@@ -190,24 +176,33 @@ class Tensor:
     def __invert__(self):
         return self.tl._op("~", np.invert, self)
 
-    __floordiv__ = lambda s, o: s._bin(o, _floordiv, "//")            # noqa: E731
-    __rfloordiv__ = lambda s, o: s._bin(o, _floordiv, "//", True)     # noqa: E731
-    __mod__ = lambda s, o: s._bin(o, np.fmod, "%")                   # noqa: E731
-    __rmod__ = lambda s, o: s._bin(o, np.fmod, "%", True)            # noqa: E731
-    __pow__ = lambda s, o: s._bin(o, np.power, "**")                 # noqa: E731
-    __rpow__ = lambda s, o: s._bin(o, np.power, "**", True)          # noqa: E731
-    __and__ = lambda s, o: s._bin(o, np.bitwise_and, "&")            # noqa: E731
-    __rand__ = lambda s, o: s._bin(o, np.bitwise_and, "&", True)     # noqa: E731
-    __or__ = lambda s, o: s._bin(o, np.bitwise_or, "|")              # noqa: E731
-    __ror__ = lambda s, o: s._bin(o, np.bitwise_or, "|", True)       # noqa: E731
-    __xor__ = lambda s, o: s._bin(o, np.bitwise_xor, "^")            # noqa: E731
-    __rxor__ = lambda s, o: s._bin(o, np.bitwise_xor, "^", True)     # noqa: E731
-
     def to(self, dtype) -> "Tensor":
         """``tl.cast(self, dtype)``."""
         return self.tl.cast(self, dtype)
 
     T = property(lambda self: self.tl.trans(self))
+
+
+OPERATORS = {"add": (np.add, "+"), "sub": (np.subtract, "-"), "mul": (np.multiply, "*"),
+             "truediv": (np.divide, "/"), "floordiv": (_floordiv, "//"),
+             "mod": (np.fmod, "%"), "pow": (np.power, "**"), "and": (np.bitwise_and, "&"),
+             "or": (np.bitwise_or, "|"), "xor": (np.bitwise_xor, "^")}
+"""A tensor's arithmetic operators, each with its reflected form (``2 * x``)."""
+COMPARISONS = {"lt": (np.less, "<"), "gt": (np.greater, ">"), "le": (np.less_equal, "<="),
+               "ge": (np.greater_equal, ">="), "eq": (np.equal, "=="),
+               "ne": (np.not_equal, "!=")}
+"""A tensor's comparisons: their results are ``i1``."""
+
+
+def _operator(fn, symbol: str, swap: bool = False):
+    return lambda self, other: self._bin(other, fn, symbol, swap)
+
+
+for _name, (_fn, _symbol) in OPERATORS.items():
+    setattr(Tensor, f"__{_name}__", _operator(_fn, _symbol))
+    setattr(Tensor, f"__r{_name}__", _operator(_fn, _symbol, swap=True))
+for _name, (_fn, _symbol) in COMPARISONS.items():
+    setattr(Tensor, f"__{_name}__", _operator(_fn, _symbol))
 
 
 @dataclass
