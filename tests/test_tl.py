@@ -431,3 +431,32 @@ def test_the_wider_vocabulary_keeps_triton_s_meanings_and_costs():
     kinds = {c[0]: c[2] for c in tl.monitor.calls}
     assert "view" not in kinds and "ravel" not in kinds and "expand_dims" not in kinds
     assert kinds["argmax"] == 6 and kinds["softmax"] == 6 and kinds["permute"] == 24
+
+
+def test_masked_and_gathered_loads_and_stores_touch_only_what_the_mask_lets_through():
+    """Where the mask is false nothing is read or written and no bound is checked; a load
+    gives ``other`` there; an int tensor of byte addresses gathers or scatters one
+    element each; the cost is the bytes of the elements let through."""
+    k = np.arange(32, dtype=np.float16).reshape(4, 8)
+    tl = Backend(0, 0, [("K", k, 16, 0), ("O", np.zeros((1, 8), np.float16), 0, 0)],
+                 record=True)
+    K = tl.pointer("K")
+    i = tl.arange(0, 40)
+    x = tl.load(K, shape=(40,), dtype="f16", mask=i < 32, other=-1.0)   # 8 past the end
+    assert list(x.a[:3]) == [0, 1, 2] and list(x.a[30:34]) == [30, 31, -1, -1]
+    assert tl.monitor.calls[-1][:3] == ("load", "mem", 64)
+    rows = tl.load(K + (i[:4] * 8 + 2) * 2)                 # a gather: K[r, 2] of rows 0..3
+    assert list(rows.a) == [2, 10, 18, 26] and rows.shape == (4,)
+    assert tl.region("K").rows_read() == 4
+    O = tl.pointer("O")
+    tl.store(O, tl.full((8,), 5.0, "f32"), mask=tl.arange(0, 8) % 2 == 0)
+    assert list(tl.region("O").data[0]) == [5, 0, 5, 0, 5, 0, 5, 0]
+    tl.store(O + tl.arange(0, 2) * 2, tl.full((2,), 9.0, "f32"))          # a scatter
+    assert list(tl.region("O").data[0][:3]) == [9, 9, 5]
+    assert tl.monitor.calls[-1][:3] == ("store", "mem", 4)
+    with pytest.raises(KernelFault, match="runs past the end of K"):
+        tl.load(K, shape=(40,), dtype="f16", mask=i < 33)
+    with pytest.raises(KernelFault, match="not on an element of 2 bytes"):
+        tl.load(K + i[:2] * 2 + 1)
+    with pytest.raises(KernelFault, match="does not broadcast"):
+        tl.load(K, shape=(4, 8), mask=tl.arange(0, 3) < 2)

@@ -93,6 +93,17 @@ def _align(*arrays):
                  else x for x in arrays)
 
 
+def _widen(arrays):
+    """Integer arithmetic that leaves int32 (a byte address plus an int tensor) is
+    int64: an int tensor meeting a Python int beyond int32 is taken as int64."""
+    big = any(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
+              and not -2 ** 31 <= int(x) < 2 ** 31 for x in arrays)
+    if not big:
+        return arrays
+    return tuple(x.astype(np.int64) if isinstance(x, np.ndarray) and x.dtype.kind in "iu"
+                 else x for x in arrays)
+
+
 def _bad_count(a: np.ndarray) -> int:
     """Elements of a float array that are inf or NaN (float16 by its exponent bits)."""
     if a.dtype == np.float16:
@@ -465,7 +476,7 @@ class Backend:
 
     def _op(self, name: str, fn, *operands) -> Tensor:
         """An elementwise call: ``fn`` on the aligned operands, one NumPy call."""
-        arrays = _align(*(self._array(x, name) for x in operands))
+        arrays = _widen(_align(*(self._array(x, name) for x in operands)))
         try:
             with self._traced(name):
                 out = fn(*arrays)
@@ -550,29 +561,113 @@ class Backend:
         finally:
             self.monitor.leave(scope)
 
-    def load(self, ptr, shape, dtype="f16") -> Tensor:
-        """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``."""
-        shape, dt = self._sh(shape, "load"), self._dt(dtype, "load")
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-        r, off = self._find(ptr, nbytes, "load")
-        with self._traced("load", shape=list(shape), dtype=DSL_NAMES[dt], bytes=nbytes):
-            # a view: the store that follows into this region copies the region first
-            a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
-        r.lent = True
-        self.monitor.call("load", "mem", nbytes)
-        if r.row_bytes:
-            r.read.append((off, off + nbytes))
-        return Tensor(a, self)
+    def load(self, ptr, shape=None, dtype="f16", mask=None, other=0) -> Tensor:
+        """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``
+        (a byte-conserving reshape); or, with ``ptr`` an int tensor of byte addresses, one
+        element from each (a gather). Where ``mask`` (broadcast to the shape) is false
+        nothing is read and the element is ``other``."""
+        dt = self._dt(dtype, "load")
+        if mask is None and not isinstance(ptr, Tensor):
+            shape = self._sh(shape, "load")
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+            r, off = self._find(ptr, nbytes, "load")
+            with self._traced("load", shape=list(shape), dtype=DSL_NAMES[dt], bytes=nbytes):
+                # a view: the store that follows into this region copies the region first
+                a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
+            r.lent = True
+            self.monitor.call("load", "mem", nbytes)
+            if r.row_bytes:
+                r.read.append((off, off + nbytes))
+            return Tensor(a, self)
+        addrs, m = self._elements(ptr, shape, dt, mask, "load")
+        out = np.full(addrs.shape, other, dt)
+        read = out[m]                        # the elements the mask lets through
+        with self._traced("load", shape=list(addrs.shape), dtype=DSL_NAMES[dt]):
+            for r, at, offs in self._where(addrs[m], dt.itemsize, "load"):
+                memory = r.data.reshape(-1).view(np.uint8)[:r.size - r.size % dt.itemsize]
+                read[at] = memory.view(dt)[offs // dt.itemsize]
+                if r.row_bytes:
+                    r.read += [(int(x) * r.row_bytes, (int(x) + 1) * r.row_bytes)
+                               for x in np.unique(offs // r.row_bytes)]
+        out[m] = read
+        self.monitor.call("load", "mem", int(m.sum()) * dt.itemsize)
+        return Tensor(out, self)
 
-    def store(self, ptr, x: Tensor) -> None:
-        """``x``'s elements, contiguous from ``ptr``, in the dtype of the tensor there."""
-        a = np.asarray(self._array(x, "store"), dtype=np.float16).ravel()
-        r, off = self._find(ptr, a.nbytes, "store")
-        if r.lent:                       # loads taken before keep the values they read
-            r.data, r.lent = r.data.copy(), False
-        with self._traced("store", shape=list(np.shape(a)), bytes=a.nbytes):
-            r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
-        self.monitor.call("store", "mem", a.nbytes)
+    def store(self, ptr, x: Tensor, mask=None) -> None:
+        """``x``'s elements, contiguous from ``ptr`` (or one at each address of an int
+        tensor ``ptr``: a scatter), in the dtype of the tensor there, float16; where
+        ``mask`` is false nothing is written."""
+        if mask is None and not isinstance(ptr, Tensor):
+            a = np.asarray(self._array(x, "store"), dtype=np.float16).ravel()
+            r, off = self._find(ptr, a.nbytes, "store")
+            if r.lent:                       # loads taken before keep the values they read
+                r.data, r.lent = r.data.copy(), False
+            with self._traced("store", shape=list(np.shape(a)), bytes=a.nbytes):
+                r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
+            self.monitor.call("store", "mem", a.nbytes)
+            return
+        values = np.asarray(self._array(x, "store"), dtype=np.float16)
+        shape = values.shape if not isinstance(ptr, Tensor) else None
+        addrs, m = self._elements(ptr, shape, np.dtype(np.float16), mask, "store")
+        values = np.broadcast_to(values, addrs.shape)[m]
+        with self._traced("store", shape=list(addrs.shape)):
+            for r, at, offs in self._where(addrs[m], 2, "store"):
+                if r.lent:
+                    r.data, r.lent = r.data.copy(), False
+                r.data.reshape(-1)[offs // 2] = values[at]
+        self.monitor.call("store", "mem", int(m.sum()) * 2)
+
+    def _elements(self, ptr, shape, dt, mask, call):
+        """``(addresses, mask)``, both of the access's shape: each element's byte address
+        (a block from an int ``ptr``, or an int tensor's own) and whether it is accessed."""
+        if isinstance(ptr, Tensor):
+            addrs = np.asarray(ptr.a)
+            if not np.issubdtype(addrs.dtype, np.integer):
+                raise self.fault(call, f"tl.{call}: the addresses are {ptr.dtype}, not integers")
+            if shape is not None and self._sh(shape, call) != addrs.shape:
+                raise self.fault(call, f"tl.{call}: shape {shape} is not the addresses' "
+                                       f"{addrs.shape}")
+            addrs = addrs.astype(np.int64)
+        else:
+            if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool):
+                raise self.fault(call, f"tl.{call}: the pointer is a {type(ptr).__name__}, "
+                                       f"not an address (int)")
+            shape = self._sh(shape, call)
+            addrs = int(ptr) + np.arange(int(np.prod(shape, dtype=np.int64)),
+                                         dtype=np.int64).reshape(shape) * dt.itemsize
+        if mask is None:
+            return addrs, np.ones(addrs.shape, bool)
+        try:
+            m = np.broadcast_to(np.asarray(self._array(mask, call), dtype=bool), addrs.shape)
+        except ValueError:
+            raise self.fault(call, f"tl.{call}: the mask {np.shape(self._array(mask, call))} "
+                                   f"does not broadcast to {addrs.shape}") from None
+        return addrs, m
+
+    def _where(self, addrs: np.ndarray, size: int, call: str):
+        """For the regions that ``addrs`` (flat byte addresses of elements of ``size``
+        bytes) fall in: ``(region, positions in addrs, offsets)``; an address outside
+        every tensor, past one's end or not on an element is a fault."""
+        left = np.ones(addrs.shape, bool)
+        for r in self.regions:
+            inside = (addrs >= r.base) & (addrs < r.base + BASE)    # its address space
+            if not inside.any():
+                continue
+            at = np.flatnonzero(inside)
+            offs = addrs[at] - r.base
+            bad = (offs + size > r.size) | (offs % size != 0)
+            if bad.any():
+                off = int(offs[np.argmax(bad)])
+                why = (f"runs past the end of {r.name} ({r.size} bytes)"
+                       if off + size > r.size else f"is not on an element of {size} bytes")
+                raise self.fault(call, f"tl.{call} of an element at {r.name}+{off} {why}")
+            left[at] = False
+            yield r, at, offs
+        if left.any():
+            ptr = int(addrs[np.argmax(left)])
+            near = min(self.regions, key=lambda r: abs(ptr - r.base))
+            raise self.fault(call, f"tl.{call} at {near.name}{ptr - near.base:+d}: outside "
+                                   f"every tensor of this PE's memory")
 
     def dot(self, a: Tensor, b: Tensor) -> Tensor:
         """``a @ b``, accumulated in float32 and rounded once to the operands' dtype."""
