@@ -376,7 +376,8 @@ def test_the_debugging_calls_show_values_and_fault_on_their_line(tmp_path, capsy
 UNARY = {"exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
          "rsqrt": lambda a: 1 / np.sqrt(a), "abs": np.abs, "floor": np.floor,
          "ceil": np.ceil, "sin": np.sin, "cos": np.cos,
-         "sigmoid": lambda a: 1 / (1 + np.exp(-a))}
+         "sigmoid": lambda a: 1 / (1 + np.exp(-a)),
+         "erf": np.vectorize(__import__("math").erf)}
 
 
 @pytest.mark.parametrize("dtype", ["f16", "f32"])
@@ -404,7 +405,11 @@ def test_the_wider_vocabulary_keeps_triton_s_meanings_and_costs():
     assert tl.zeros((2,), tl.float16).dtype == "f16" and tl.full((1,), 1, tl.float32).dtype == "f32"
     assert list(tl.range(3)) == [0, 1, 2] and tl.cdiv(10, 4) == 3
     i = tl.arange(0, 6)
-    assert i.dtype == "int32" and list(i.a) == list(range(6))
+    assert i.dtype == "i32" and list(i.a) == list(range(6))
+    assert tl.full((2,), 3, tl.int32).dtype == "i32" and (i < 3).dtype == "i1"
+    pair = tl.join(tl.full((3,), 1.0, "f32"), tl.full((3,), 2.0, "f32"))
+    assert pair.shape == (3, 2) and [p.a.tolist() for p in tl.split(pair)] == [[1.0] * 3,
+                                                                               [2.0] * 3]
     # integer // and % truncate toward zero, as Triton's do
     m = tl.arange(-3, 4)
     assert list((m // 2).a) == [-1, -1, 0, 0, 0, 1, 1]

@@ -54,6 +54,9 @@ BASE = 1 << 40
 MAX_NONFINITE = 5
 """Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
+DTYPES = dict(DSL, i32=np.dtype(np.int32), i1=np.dtype(np.bool_))
+"""The dtypes a kernel may name: memory's floats, and the ints and booleans of indices
+and masks."""
 UNTRACED = nullcontext()
 REDUCTIONS = frozenset(("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax"))
 """Calls costed by their operand's elements; the other ops by their result's."""
@@ -145,7 +148,7 @@ class Tensor:
         self.scope = tl.monitor.made(a.nbytes)
 
     shape = property(lambda self: self.a.shape)
-    dtype = property(lambda self: DSL_NAMES.get(self.a.dtype, str(self.a.dtype)))
+    dtype = property(lambda self: dtype_name(self.a.dtype))
     ndim = property(lambda self: self.a.ndim)
 
     def __repr__(self):
@@ -445,16 +448,17 @@ class Backend:
         return tuple(int(s) for s in shape)
 
     def _dt(self, dtype, call: str) -> np.dtype:
-        """``"f16"``/``"f32"`` (or a NumPy float dtype) as the NumPy dtype; a fault
-        otherwise."""
-        if isinstance(dtype, str) and dtype in DSL:
-            return DSL[dtype]
+        """``"f16"``, ``"f32"``, ``"i32"``, ``"i1"`` (or such a NumPy dtype) as the NumPy
+        dtype; a fault otherwise."""
+        if isinstance(dtype, str) and dtype in DTYPES:
+            return DTYPES[dtype]
         try:
             dt = np.dtype(dtype)
         except TypeError:
             dt = None
-        if dt not in DSL_NAMES:
-            raise self.fault(call, f"tl.{call}: dtype must be 'f16' or 'f32', got {dtype!r}")
+        if dt not in DTYPES.values():
+            raise self.fault(call, f"tl.{call}: dtype must be one of {', '.join(DTYPES)}, "
+                                   f"got {dtype!r}")
         return dt
 
     def _array(self, x, call: str):
@@ -571,7 +575,7 @@ class Backend:
             shape = self._sh(shape, "load")
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             r, off = self._find(ptr, nbytes, "load")
-            with self._traced("load", shape=list(shape), dtype=DSL_NAMES[dt], bytes=nbytes):
+            with self._traced("load", shape=list(shape), dtype=dtype_name(dt), bytes=nbytes):
                 # a view: the store that follows into this region copies the region first
                 a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
             r.lent = True
@@ -582,7 +586,7 @@ class Backend:
         addrs, m = self._elements(ptr, shape, dt, mask, "load")
         out = np.full(addrs.shape, other, dt)
         read = out[m]                        # the elements the mask lets through
-        with self._traced("load", shape=list(addrs.shape), dtype=DSL_NAMES[dt]):
+        with self._traced("load", shape=list(addrs.shape), dtype=dtype_name(dt)):
             for r, at, offs in self._where(addrs[m], dt.itemsize, "load"):
                 memory = r.data.reshape(-1).view(np.uint8)[:r.size - r.size % dt.itemsize]
                 read[at] = memory.view(dt)[offs // dt.itemsize]
@@ -719,8 +723,20 @@ class Backend:
                                              f"(cubes), got {axis!r}")
         return self._programs[axis]
 
-    float16, float32 = "f16", "f32"
+    float16, float32, int32, int1 = "f16", "f32", "i32", "i1"
     """Triton's dtype objects, as the strings every ``dtype=`` here takes."""
+
+    def join(self, a, b) -> Tensor:
+        """``a`` and ``b`` side by side along a new last axis of 2."""
+        return self._op("join", lambda x, y: np.stack(np.broadcast_arrays(x, y), axis=-1),
+                        a, b)
+
+    def split(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """The two halves of a last axis of 2: the inverse of :meth:`join`."""
+        if x.shape[-1:] != (2,):
+            raise self.fault("split", f"tl.split takes a last axis of 2, got {x.shape}")
+        return (self._op("split", lambda a: np.ascontiguousarray(a[..., 0]), x),
+                self._op("split", lambda a: np.ascontiguousarray(a[..., 1]), x))
     constexpr = staticmethod(lambda value: value)
     """An annotation of a compile-time parameter; called, ``tl.constexpr(v)`` is ``v``."""
     static_range = range = staticmethod(range)
@@ -809,7 +825,7 @@ class Backend:
         """``src``'s elements as they are now, in its dtype, to the neighbour ``dir``."""
         a = np.array(self._array(src, "send"), order="C")   # a copy: later writes stay
         self._need_link("send")
-        with self._traced("send", dir=dir, shape=list(a.shape), dtype=DSL_NAMES.get(a.dtype),
+        with self._traced("send", dir=dir, shape=list(a.shape), dtype=dtype_name(a.dtype),
                           bytes=a.nbytes):
             self.link.send(dir, a, self.monitor.line)
         self.monitor.call("send", "send", a.nbytes, dir)
@@ -819,10 +835,10 @@ class Backend:
         shape, dt = self._sh(shape, "recv"), self._dt(dtype, "recv")
         nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         self._need_link("recv")
-        with self._traced("recv", dir=dir, shape=list(shape), dtype=DSL_NAMES[dt],
+        with self._traced("recv", dir=dir, shape=list(shape), dtype=dtype_name(dt),
                           bytes=nbytes):
             raw = self.link.recv(dir, nbytes, self.monitor.line,
-                                 f"shape {shape} {DSL_NAMES[dt]}")
+                                 f"shape {shape} {dtype_name(dt)}")
         self.monitor.call("recv", "recv", nbytes, dir)
         return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self)
 
@@ -840,10 +856,19 @@ def _sigmoid(a):
     return 1 / (1 + np.exp(-a))
 
 
+def _erf(a):
+    """erf in float64 (Abramowitz and Stegun 7.1.26: within 1.5e-7), in ``a``'s dtype."""
+    x = np.abs(a.astype(np.float64))
+    t = 1 / (1 + 0.3275911 * x)
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (
+        -1.453152027 + t * 1.061405429))))
+    return (np.sign(a) * (1 - poly * np.exp(-x * x))).astype(a.dtype)
+
+
 ELEMENTWISE = {
     "exp": np.exp, "exp2": np.exp2, "log": np.log, "log2": np.log2, "sqrt": np.sqrt,
     "rsqrt": lambda a: np.reciprocal(np.sqrt(a)), "abs": np.abs, "floor": np.floor,
-    "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "sigmoid": _sigmoid,
+    "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "sigmoid": _sigmoid, "erf": _erf,
     "maximum": np.maximum, "minimum": np.minimum, "where": np.where,
     "fma": lambda a, b, c: a * b + c,
     "clamp": lambda x, lo, hi: np.minimum(np.maximum(x, lo), hi),
