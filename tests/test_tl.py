@@ -407,6 +407,10 @@ def test_the_wider_vocabulary_keeps_triton_s_meanings_and_costs():
     i = tl.arange(0, 6)
     assert i.dtype == "i32" and list(i.a) == list(range(6))
     assert tl.full((2,), 3, tl.int32).dtype == "i32" and (i < 3).dtype == "i1"
+    assert (i + tl.full((6,), 0.5, "f16")).dtype == "f16"     # an int with a float: the float's
+    assert tl.dot(tl.full((2, 3), 1.0, "f16"), tl.full((3, 2), 1.0, "f16"),
+                  out_dtype="f32").dtype == "f32"
+    assert tl.argmax(tl.full((2, 3), 1.0, "f32"), keep_dims=True).shape == (2, 1)
     pair = tl.join(tl.full((3,), 1.0, "f32"), tl.full((3,), 2.0, "f32"))
     assert pair.shape == (3, 2) and [p.a.tolist() for p in tl.split(pair)] == [[1.0] * 3,
                                                                                [2.0] * 3]

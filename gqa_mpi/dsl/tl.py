@@ -97,8 +97,15 @@ def _align(*arrays):
 
 
 def _widen(arrays):
-    """Integer arithmetic that leaves int32 (a byte address plus an int tensor) is
-    int64: an int tensor meeting a Python int beyond int32 is taken as int64."""
+    """The dtype rules NumPy's promotion leaves to the DSL: an int tensor with a float
+    one takes the float's dtype; integer arithmetic that leaves int32 (a byte address
+    plus an int tensor) is int64."""
+    floats = [x.dtype for x in arrays if isinstance(x, np.ndarray) and x.dtype.kind == "f"]
+    ints = [x for x in arrays if isinstance(x, np.ndarray) and x.dtype.kind in "iu"]
+    if floats and ints:
+        to = np.result_type(*floats)
+        return tuple(x.astype(to) if isinstance(x, np.ndarray) and x.dtype.kind in "iu"
+                     else x for x in arrays)
     big = any(isinstance(x, (int, np.integer)) and not isinstance(x, bool)
               and not -2 ** 31 <= int(x) < 2 ** 31 for x in arrays)
     if not big:
@@ -673,13 +680,15 @@ class Backend:
             raise self.fault(call, f"tl.{call} at {near.name}{ptr - near.base:+d}: outside "
                                    f"every tensor of this PE's memory")
 
-    def dot(self, a: Tensor, b: Tensor) -> Tensor:
-        """``a @ b``, accumulated in float32 and rounded once to the operands' dtype."""
+    def dot(self, a: Tensor, b: Tensor, out_dtype=None) -> Tensor:
+        """``a @ b``, accumulated in float32 and rounded once to the operands' dtype, or
+        to ``out_dtype``."""
         x, y = self._array(a, "dot"), self._array(b, "dot")
         if np.ndim(x) != 2 or np.ndim(y) != 2 or x.shape[1] != y.shape[0]:
             raise self.fault("dot", f"tl.dot needs (M, K) and (K, N), got {np.shape(x)} "
                                     f"and {np.shape(y)}")
-        out_dt = np.result_type(x.dtype, y.dtype)
+        out_dt = (np.result_type(x.dtype, y.dtype) if out_dtype is None
+                  else self._dt(out_dtype, "dot"))
         with self._traced("dot", shape=[x.shape[0], y.shape[1]], k=x.shape[1]):
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
             out = out.astype(out_dt, copy=False)
@@ -698,11 +707,13 @@ class Backend:
     def min(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
         return self._op("min", lambda a: np.min(a, axis=axis, keepdims=keep_dims), x)
 
-    def argmax(self, x: Tensor, axis: int = -1) -> Tensor:
-        return self._op("argmax", lambda a: np.argmax(a, axis=axis).astype(np.int32), x)
+    def argmax(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
+        return self._op("argmax", lambda a: np.asarray(np.argmax(
+            a, axis=axis, keepdims=keep_dims)).astype(np.int32), x)
 
-    def argmin(self, x: Tensor, axis: int = -1) -> Tensor:
-        return self._op("argmin", lambda a: np.argmin(a, axis=axis).astype(np.int32), x)
+    def argmin(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
+        return self._op("argmin", lambda a: np.asarray(np.argmin(
+            a, axis=axis, keepdims=keep_dims)).astype(np.int32), x)
 
     def cumsum(self, x: Tensor, axis: int = -1) -> Tensor:
         """Running sums along ``axis``, in float32, rounded once to ``x``'s dtype."""
