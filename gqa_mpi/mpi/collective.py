@@ -94,8 +94,7 @@ def from_root(comm: MPI.Comm, value: Any, what: str = "rank 0") -> Any:
 
 def root_decides(comm: MPI.Comm, decide: Callable[[], Any], what: str) -> Any:
     """``decide()``, called on the root alone (input only it reads), on every rank."""
-    with watchdog.waiting(what):
-        return comm.bcast(decide() if comm.rank == 0 else None, root=0)
+    return from_root(comm, decide() if comm.rank == 0 else None, what)
 
 
 def to_root(comm: MPI.Comm, mine: Any, what: str = "every rank") -> Optional[List[Any]]:
