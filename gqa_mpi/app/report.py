@@ -216,9 +216,12 @@ def _predicted_lines(record: RunRecord) -> List[str]:
     steps = (f"; steps {duration(min(p['steps_s']))}..{duration(max(p['steps_s']))}"
              if "steps_s" in p else "")
     fits = ("fits" if p["fits_scratch"] else "DOES NOT FIT")
-    lines = [f"predicted step {duration(p['step_s'])} on {p['profile']}{steps}; last PE rank "
-             f"{p['last_pe']}, {place}: {split}; scratch {fmt(p['scratch_peak_bytes'])} "
-             f"{fits} the profile's {fmt(p['scratch_bytes'])}"]
+    bound = (f"bound by {last['bound']} ({duration(last['busy_s'][last['bound']])} "
+             f"busy of {duration(last['finish_s'])}); busy " if p.get("overlap") else "")
+    lines = [f"predicted step {duration(p['step_s'])} on {p['profile']}"
+             f"{' (engines overlap)' if p.get('overlap') else ''}{steps}; last PE rank "
+             f"{p['last_pe']}, {place}: {bound}{split}; scratch "
+             f"{fmt(p['scratch_peak_bytes'])} {fits} the profile's {fmt(p['scratch_bytes'])}"]
     path = p["critical_path"]
     if path:
         hops = "; ".join(f"rank {h['from_rank']} -{h['direction']} (line {h['line']})-> "

@@ -22,22 +22,18 @@ A link is one ordered pair of neighbours, first in, first out. The predicted ste
 the largest final clock; the critical path runs back from the PE that finished last
 through each ``recv`` that waited, to the PE and the call its message came from.
 
-A recorded call is ``(call, kind, amount, direction, line, dtype)``: ``kind`` one of
-:data:`KINDS`, ``amount`` its bytes, flops or elements, ``direction`` a message's,
-``dtype`` the one its rate is looked up by (a dot's first operand's, a reduction's
-operand's, every other vector call's result's; the last may be left out).
-
-Two extensions of the model, each off unless its profile field is there (SPEC's
+Three extensions of the model, each off unless its profile field is there (SPEC's
 *Extensions of the model*): **rates by dtype** (``dot_flops_per_s`` or
-``vector_elems_per_s`` a table with a ``default``) and **a cube's shared memory**
+``vector_elems_per_s`` a table with a ``default``), **a cube's shared memory**
 (``[cube] mem_bytes_per_s = B_c``: in a step, the ``n`` PEs of a cube that make at
-least one load or store each move at ``min(mem_bytes_per_s, B_c / n)``).
+least one load or store each move at ``min(mem_bytes_per_s, B_c / n)``) and **engines
+that overlap** (``[pe] overlap = true``: :class:`Engines`).
 """
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ..step.grid import Grid
 from .profile import Profile
@@ -45,22 +41,28 @@ from .profile import Profile
 KINDS = ("mem", "dot", "vec", "send", "recv")
 BUCKETS = {"mem": "memory_s", "dot": "dot_s", "vec": "vector_s"}
 """The split a PE's own calls go to (send and recv are the replay's, below)."""
+ENGINES = {"mem": "dma", "dot": "matrix", "vec": "vector"}
+"""With overlap: the engine each kind of call runs on (sends and recvs take none)."""
 
-Call = Tuple[str, str, float, Optional[str], Optional[int]]
 
+class Call(NamedTuple):
+    """One recorded call that has a cost."""
 
-@dataclass
-class PE:
-    """One PE's replay: its clock, its split, and what each of its calls did."""
-
-    rank: int
-    t: float = 0.0
-    split: Dict[str, float] = field(default_factory=lambda: dict(
-        memory_s=0.0, dot_s=0.0, vector_s=0.0, send_s=0.0, wait_s=0.0))
-    spans: List[Tuple[float, float]] = field(default_factory=list)
-    """``(start, end)`` of each call replayed so far."""
-    recvs: List[Tuple[int, "Message", float]] = field(default_factory=list)
-    """``(call index, message, wait)`` of each ``recv``."""
+    name: str
+    kind: str
+    """One of :data:`KINDS`."""
+    amount: float
+    """Its bytes (mem, send, recv), flops (dot) or elements (vec)."""
+    direction: Optional[str] = None
+    line: Optional[int] = None
+    dtype: Optional[str] = None
+    """The dtype its rate is looked up by: a dot's first operand's, a reduction's
+    operand's, every other vector call's result's."""
+    reads: Tuple[int, ...] = ()
+    """The tensors it reads, in operand order, each by its cell (a view shares its
+    base's); for ``copy_to`` the last is ``dst``'s."""
+    writes: Optional[int] = None
+    """The cell of the tensor it makes (for ``copy_to``, ``dst``'s new one)."""
 
 
 @dataclass
@@ -73,6 +75,150 @@ class Message:
 
 
 @dataclass
+class PE:
+    """One PE's replay, one clock (nothing overlaps): its finish, its split, and what
+    each of its calls did."""
+
+    rank: int
+    profile: Profile
+    mem_rate: float
+    t: float = 0.0
+    split: Dict[str, float] = field(default_factory=lambda: dict(
+        memory_s=0.0, dot_s=0.0, vector_s=0.0, send_s=0.0, wait_s=0.0))
+    spans: List[Tuple[float, float]] = field(default_factory=list)
+    """``(start, end)`` of each call replayed so far."""
+    recvs: List[Tuple[int, Message, float]] = field(default_factory=list)
+    """``(call index, message, wait)`` of each ``recv``."""
+
+    @property
+    def finish(self) -> float:
+        return self.t
+
+    def compute(self, i: int, call: Call) -> None:
+        start = self.t
+        self.t += cost(self.profile, call.kind, call.amount, call.dtype, self.mem_rate)
+        self.split[BUCKETS[call.kind]] += self.t - start
+        self.spans.append((start, self.t))
+
+    def send(self, i: int, call: Call, bytes_per_s: float, free: float,
+             link_last: Optional[int]) -> float:
+        """Replay a send on a link free from ``free`` (after its send ``link_last``);
+        when the link is free again."""
+        start = self.t
+        self.t = max(self.t + self.profile.call_s, free) + call.amount / bytes_per_s
+        self.split["send_s"] += self.t - start
+        self.spans.append((start, self.t))
+        return self.t
+
+    def recv(self, i: int, call: Call, m: Message) -> None:
+        start, ready = self.t, self.t + self.profile.call_s
+        self.t = max(ready, m.arrival)
+        wait = max(0.0, m.arrival - ready)
+        self.split["send_s"] += self.profile.call_s
+        self.split["wait_s"] += wait
+        self.recvs.append((i, m, wait))
+        self.spans.append((start, self.t))
+
+
+@dataclass
+class Engines(PE):
+    """One PE's replay with engines that overlap (SPEC's ``[pe] overlap = true``): a
+    sequencer issues each call ``call_s`` after the one before; a call starts on its
+    engine (``dma``, ``matrix``, ``vector``) at the latest of its issue, the engine's
+    previous call's end and the ready time of each tensor it reads (``copy_to`` also
+    after every earlier call that read or wrote ``dst``), and takes its cost less
+    ``call_s``. A send takes no engine: it starts at the latest of its issue, its
+    tensor's ready time and its link's free time. A recv's result is ready at the later
+    of its issue and its message's arrival; the sequencer does not wait for it."""
+
+    issued: int = 0
+    busy: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        ("dma", "matrix", "vector", "link"), 0.0))
+    engine_of: List[str] = field(default_factory=list)
+    """The engine (or ``link``) each call ran on."""
+    why: List[Tuple[str, object]] = field(default_factory=list)
+    """What set each call's start: ``("message", Message)``, ``("read", call index)``,
+    ``("engine", call index)`` (for a send, the link's previous send) or ``("issue",
+    None)``."""
+    free: Dict[str, Tuple[float, Optional[int]]] = field(default_factory=dict)
+    """Each engine's end of its last call, and that call."""
+    ready: Dict[int, Tuple[float, int]] = field(default_factory=dict)
+    """Each cell's ready time, and the call that wrote it (a cell no call here wrote is
+    ready at 0)."""
+    touched: Dict[int, Tuple[float, int]] = field(default_factory=dict)
+    """Each cell's latest end of a call that read or wrote it, and that call."""
+
+    @property
+    def finish(self) -> float:
+        return max([self.issued * self.profile.call_s] + [end for _, end in self.spans])
+
+    def _issue(self) -> float:
+        self.issued += 1
+        return self.issued * self.profile.call_s
+
+    def _start(self, issue: float, reads: Sequence[int], engine: Tuple[float, Optional[int]],
+               after: Sequence[Tuple[float, int]] = ()) -> float:
+        """The latest of the reads' ready times, ``after``, the engine's end and the
+        issue; what set it is noted in that order of precedence."""
+        ways = [(self.ready[c][0], ("read", self.ready[c][1])) for c in reads
+                if c in self.ready] + [(t, ("read", j)) for t, j in after]
+        if engine[1] is not None:
+            ways.append((engine[0], ("engine", engine[1])))
+        ways.append((issue, ("issue", None)))
+        start = max(t for t, _ in ways)
+        self.why.append(next(why for t, why in ways if t == start))
+        return start
+
+    def _end(self, i: int, start: float, end: float, reads: Sequence[int],
+             writes: Optional[int], engine: str) -> None:
+        self.spans.append((start, end))
+        self.engine_of.append(engine)
+        self.busy[engine] += end - start if engine != "link" else 0.0
+        for c in reads:
+            if end >= self.touched.get(c, (0.0, -1))[0]:
+                self.touched[c] = (end, i)
+        if writes is not None:
+            self.ready[writes] = self.touched[writes] = (end, i)
+
+    def compute(self, i: int, call: Call) -> None:
+        issue = self._issue()
+        engine = ENGINES[call.kind]
+        reads, after = call.reads, ()
+        if call.name == "copy_to" and reads:
+            reads, dst = reads[:-1], reads[-1]
+            after = [self.touched[dst]] if dst in self.touched else []
+        start = self._start(issue, reads, self.free.get(engine, (0.0, None)), after)
+        end = start + cost(self.profile, call.kind, call.amount, call.dtype,
+                           self.mem_rate) - self.profile.call_s
+        self.free[engine] = (end, i)
+        self.split[BUCKETS[call.kind]] += end - start
+        self._end(i, start, end, reads, call.writes, engine)
+
+    def send(self, i: int, call: Call, bytes_per_s: float, free: float,
+             link_last: Optional[int]) -> float:
+        start = self._start(self._issue(), call.reads, (free, link_last))
+        sent = start + call.amount / bytes_per_s
+        self.split["send_s"] += sent - start
+        self.busy["link"] += sent - start
+        self._end(i, start, sent, call.reads, None, "link")
+        return sent
+
+    def recv(self, i: int, call: Call, m: Message) -> None:
+        issue = self._issue()
+        ready = max(issue, m.arrival)
+        self.why.append(("message", m) if m.arrival >= issue else ("issue", None))
+        self.split["send_s"] += self.profile.call_s
+        self.split["wait_s"] += ready - issue
+        self.recvs.append((i, m, ready - issue))
+        self._end(i, issue, ready, (), call.writes, "link")
+
+    @property
+    def bound(self) -> str:
+        """The busiest of the PE's engines (its links counted as one)."""
+        return max(self.busy, key=lambda e: self.busy[e])
+
+
+@dataclass
 class Prediction:
     """What the replay of one step gives."""
 
@@ -82,38 +228,62 @@ class Prediction:
 
     @property
     def step_s(self) -> float:
-        return max(pe.t for pe in self.pes)
+        return max(pe.finish for pe in self.pes)
 
     @property
     def last(self) -> PE:
-        return max(self.pes, key=lambda pe: (pe.t, -pe.rank))
+        return max(self.pes, key=lambda pe: (pe.finish, -pe.rank))
 
     def critical_path(self) -> List[Dict]:
-        """Back from the last PE through each ``recv`` that waited: the hops, first
-        hop first, each with the sender, its call and line, when the message left and
-        arrived, and how long the receiver waited for it."""
+        """The messages on the critical path, first hop first, each with the sender, its
+        call and line, when the message left and arrived, and how long the receiver
+        waited for it."""
         by_rank = {pe.rank: pe for pe in self.pes}
         hops: List[Dict] = []
-        pe, before = self.last, len(self.calls[self.last.rank])
+
+        def hop(pe: PE, i: int, m: Message, wait: float) -> None:
+            sent = self.calls[m.src][m.index]
+            hops.append(dict(from_rank=m.src, to_rank=pe.rank, direction=sent.direction,
+                             bytes=int(sent.amount), call="send", line=sent.line,
+                             recv_line=self.calls[pe.rank][i].line, sent_s=m.sent,
+                             arrived_s=m.arrival, waited_s=wait))
+        pe = self.last
+        if isinstance(pe, Engines):
+            # back from the call that ended last through whatever set each start
+            ends = [(end, i) for i, (_, end) in enumerate(pe.spans)]
+            i = max(ends)[1] if ends else None
+            while i is not None:
+                what, ref = pe.why[i]
+                if what == "message":
+                    hop(pe, i, ref, pe.spans[i][1] - pe.spans[i][0])
+                    pe, i = by_rank[ref.src], ref.index
+                else:
+                    i = ref
+            return hops[::-1]
+        # one clock: back through each recv that waited
+        before = len(self.calls[pe.rank])
         while True:
             waited = [(i, m, w) for i, m, w in pe.recvs if i < before and w > 0]
             if not waited:
                 break
             i, m, wait = waited[-1]
-            _, _, nbytes, direction, line = self.calls[m.src][m.index][:5]
-            hops.append(dict(from_rank=m.src, to_rank=pe.rank, direction=direction,
-                             bytes=int(nbytes), call="send", line=line,
-                             recv_line=self.calls[pe.rank][i][4], sent_s=m.sent,
-                             arrived_s=m.arrival, waited_s=wait))
+            hop(pe, i, m, wait)
             pe, before = by_rank[m.src], m.index
         return hops[::-1]
 
     def to_json(self, scratch_peak: float) -> Dict:
-        """SPEC's ``predicted`` object (one step's)."""
+        """SPEC's ``predicted`` object (one step's); with overlap, each PE's engines'
+        busy times and the busiest (``bound``)."""
+        def entry(pe: PE) -> Dict:
+            out = dict(rank=pe.rank, finish_s=pe.finish, **pe.split)
+            if isinstance(pe, Engines):
+                out.update(bound=pe.bound, busy_s=dict(pe.busy))
+            return out
         return dict(profile=self.profile.name, step_s=self.step_s, last_pe=self.last.rank,
+                    overlap=self.profile.overlap,
                     fits_scratch=bool(scratch_peak <= self.profile.scratch_bytes),
                     scratch_peak_bytes=scratch_peak, scratch_bytes=self.profile.scratch_bytes,
-                    pes=[dict(rank=pe.rank, finish_s=pe.t, **pe.split) for pe in self.pes],
+                    pes=[entry(pe) for pe in self.pes],
                     critical_path=self.critical_path())
 
 
@@ -146,47 +316,39 @@ def memory_rates(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile
                       / users.get(grid.place(rank).cube, 1)) for rank in calls}
 
 
-def replay(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile) -> Prediction:
-    """Replay every PE's calls of one step (``calls[rank]``, in program order)."""
-    pes = [PE(rank) for rank in sorted(calls)]
-    free: Dict[Tuple[int, int], float] = {}
+def replay(calls: Dict[int, Sequence[Sequence]], grid: Grid, profile: Profile) -> Prediction:
+    """Replay every PE's calls of one step (``calls[rank]``, in program order: each a
+    :class:`Call` or a tuple of its fields)."""
+    calls = {rank: [Call(*c) for c in mine] for rank, mine in calls.items()}
+    mem_rate = memory_rates(calls, grid, profile)
+    kind = Engines if profile.overlap else PE
+    pes = [kind(rank, profile, mem_rate[rank]) for rank in sorted(calls)]
+    free: Dict[Tuple[int, int], Tuple[float, Optional[int]]] = {}
     queues: Dict[Tuple[int, int], deque] = {}
     at = {pe.rank: 0 for pe in pes}
-    mem_rate = memory_rates(calls, grid, profile)
-    todo = [pe for pe in pes]
+    todo = list(pes)
     while todo:
         progressed = False
         for pe in todo:
             mine = calls[pe.rank]
             while at[pe.rank] < len(mine):
                 i = at[pe.rank]
-                name, kind, amount, direction = mine[i][:4]
-                start = pe.t
-                if kind == "send":
-                    dst = grid.neighbour(pe.rank, direction)
-                    link = profile.link(direction)
-                    pe.t = max(pe.t + profile.call_s, free.get((pe.rank, dst), 0.0)) + \
-                        amount / link.bytes_per_s
-                    free[(pe.rank, dst)] = pe.t
-                    queues.setdefault((pe.rank, dst), deque()).append(
-                        Message(pe.rank, i, pe.t, pe.t + link.latency_s))
-                    pe.split["send_s"] += pe.t - start
-                elif kind == "recv":
-                    src = grid.neighbour(pe.rank, direction)
-                    queue = queues.get((src, pe.rank))
-                    if not queue:
+                call = mine[i]
+                if call.kind in ("send", "recv"):
+                    other = grid.neighbour(pe.rank, call.direction)
+                    key = (pe.rank, other) if call.kind == "send" else (other, pe.rank)
+                    if call.kind == "send":
+                        link = profile.link(call.direction)
+                        sent = pe.send(i, call, link.bytes_per_s, *free.get(key, (0.0, None)))
+                        free[key] = (sent, i)
+                        queues.setdefault(key, deque()).append(
+                            Message(pe.rank, i, sent, sent + link.latency_s))
+                    elif not queues.get(key):
                         break                  # its message is not replayed yet
-                    m = queue.popleft()
-                    ready = pe.t + profile.call_s
-                    pe.t = max(ready, m.arrival)
-                    pe.split["send_s"] += profile.call_s
-                    pe.split["wait_s"] += max(0.0, m.arrival - ready)
-                    pe.recvs.append((i, m, max(0.0, m.arrival - ready)))
+                    else:
+                        pe.recv(i, call, queues[key].popleft())
                 else:
-                    pe.t += cost(profile, kind, amount, mine[i][5] if len(mine[i]) > 5
-                                 else None, mem_rate[pe.rank])
-                    pe.split[BUCKETS[kind]] += pe.t - start
-                pe.spans.append((start, pe.t))
+                    pe.compute(i, call)
                 at[pe.rank] += 1
                 progressed = True
         todo = [pe for pe in todo if at[pe.rank] < len(calls[pe.rank])]
@@ -194,32 +356,47 @@ def replay(calls: Dict[int, Sequence[Call]], grid: Grid, profile: Profile) -> Pr
             stuck = ", ".join(f"rank {pe.rank} at call {at[pe.rank]}" for pe in todo[:4])
             raise ValueError(f"the replay cannot go on: {stuck} wait for messages that "
                              f"were never sent")
-    return Prediction(pes, {r: list(c) for r, c in calls.items()}, profile)
+    return Prediction(pes, calls, profile)
+
+
+TRACKS = ("dma", "matrix", "vector", "link")
+"""With overlap, a PE's predicted track is one per engine (sends and recvs on ``link``)."""
 
 
 def trace_events(prediction: Prediction, pid: int = 10 ** 6) -> List[Dict]:
     """The predicted timeline as Chrome trace events: one process beside the measured
-    ones, one track per PE, a span per call and an arrow per message."""
+    ones, one track per PE (with overlap, one per engine of each PE), a span per call
+    and an arrow per message."""
     events = [dict(name="process_name", ph="M", pid=pid,
                    args=dict(name=f"predicted on {prediction.profile.name}"))]
+
+    def tid(pe: PE, i: Optional[int] = None) -> int:
+        if not isinstance(pe, Engines):
+            return pe.rank
+        return pe.rank * len(TRACKS) + TRACKS.index(pe.engine_of[i] if i is not None
+                                                    else "link")
+    by_rank = {pe.rank: pe for pe in prediction.pes}
     for pe in prediction.pes:
-        events.append(dict(name="thread_name", ph="M", pid=pid, tid=pe.rank,
-                           args=dict(name=f"rank {pe.rank}")))
-        for call, (t0, t1) in zip(prediction.calls[pe.rank], pe.spans):
-            name, kind, amount, direction, line = call[:5]
-            args = dict(line=line, amount=amount)
-            if direction:
-                args["dir"] = direction
-            events.append(dict(name=f"tl.{name}", cat="predicted", ph="X", pid=pid,
-                               tid=pe.rank, ts=t0 * 1e6, dur=(t1 - t0) * 1e6, args=args))
+        for track in (TRACKS if isinstance(pe, Engines) else (None,)):
+            events.append(dict(name="thread_name", ph="M", pid=pid,
+                               tid=pe.rank if track is None else
+                               pe.rank * len(TRACKS) + TRACKS.index(track),
+                               args=dict(name=f"rank {pe.rank}" + (f" {track}" if track
+                                                                   else ""))))
+        for i, (call, (t0, t1)) in enumerate(zip(prediction.calls[pe.rank], pe.spans)):
+            args = dict(line=call.line, amount=call.amount)
+            if call.direction:
+                args["dir"] = call.direction
+            events.append(dict(name=f"tl.{call.name}", cat="predicted", ph="X", pid=pid,
+                               tid=tid(pe, i), ts=t0 * 1e6, dur=(t1 - t0) * 1e6, args=args))
     flow = pid          # ids apart from the measured arrows' (which count from 0)
     for pe in prediction.pes:
         for _, m, _ in pe.recvs:
             flow += 1
             events.append(dict(name="message", cat="predicted", ph="s", id=flow, pid=pid,
-                               tid=m.src, ts=m.sent * 1e6))
+                               tid=tid(by_rank[m.src], m.index), ts=m.sent * 1e6))
             events.append(dict(name="message", cat="predicted", ph="f", bp="e", id=flow,
-                               pid=pid, tid=pe.rank, ts=m.arrival * 1e6))
+                               pid=pid, tid=tid(pe), ts=m.arrival * 1e6))
     return events
 
 

@@ -4,8 +4,9 @@ a TOML file and checked field by field. No MPI here.
 Every number is in SI units; the schema (each field, its unit, what it costs) is
 :data:`SCHEMA`. A profile is a file path, or a name: one of the user's
 (:func:`user_dir`, where ``python -m gqa_mpi.probe`` writes ``host``), else one that
-gqa_mpi ships (``gqa_mpi/profiles/NAME.toml``: ``example-npu``, ``nvlink4``, ``ib-ndr``
-and ``xeon-16core-vm``, a probed machine). A missing, unknown, negative or non-numeric
+gqa_mpi ships (``gqa_mpi/profiles/NAME.toml``: ``example-npu``, the same with
+engines that overlap ``example-npu-overlap``, ``nvlink4``, ``ib-ndr`` and
+``xeon-16core-vm``, a probed machine). A missing, unknown, negative or non-numeric
 field is refused in one line that names it.
 """
 from __future__ import annotations
@@ -46,6 +47,10 @@ SCHEMA: Dict[str, Dict[str, Tuple[str, str]]] = {
 OPTIONAL = ("cube",)
 """Tables a profile may leave out: each an extension of the model, off without it."""
 
+SWITCHES = {"pe": {"overlap": "true: a PE's engines (dma, matrix, vector) overlap, "
+                              "each call issued call_s after the one before"}}
+"""Fields a profile may leave out, true or false: each an extension, off without it."""
+
 BY_DTYPE = ("dot_flops_per_s", "vector_elems_per_s")
 """Rates a profile may give per dtype, as an inline table with a ``default``:
 ``vector_elems_per_s = {default = 1.0e11, f16 = 2.0e11}``."""
@@ -82,6 +87,8 @@ class Profile:
     path: str = ""
     cube_mem_bytes_per_s: Optional[float] = None
     """``[cube] mem_bytes_per_s``: the memory a cube's PEs share (None: not shared)."""
+    overlap: bool = False
+    """``[pe] overlap``: a PE's engines (dma, matrix, vector) overlap."""
 
     def link(self, direction: str) -> Link:
         """The link a message in ``direction`` travels on."""
@@ -177,11 +184,18 @@ def from_dict(data: Dict, where: str = "profile", path: str = "") -> Profile:
         if not isinstance(got, dict):
             raise ValueError(f"{where}: missing table [{table}] (with "
                              f"{', '.join(fields)})")
-        extra = sorted(set(got) - set(fields))
+        switches = SWITCHES.get(table, {})
+        extra = sorted(set(got) - set(fields) - set(switches))
         if extra:
             raise ValueError(f"{where}: unknown field {table}.{extra[0]} (the fields of "
-                             f"[{table}] are {', '.join(fields)})")
+                             f"[{table}] are {', '.join([*fields, *switches])})")
         values[table] = {}
+        for field in switches:
+            if field in got and not isinstance(got[field], bool):
+                raise ValueError(f"{where}: {table}.{field} must be true or false, got "
+                                 f"{got[field]!r}")
+            if got.get(field):
+                values[table][field] = True
         for field, (unit, _) in fields.items():
             if field not in got:
                 raise ValueError(f"{where}: missing field {table}.{field} ({unit})")
@@ -229,4 +243,6 @@ def to_toml(p: Profile, comments: Dict[str, str] = None) -> str:
             text = ("{" + ", ".join(f"{k} = {v:.9g}" for k, v in value.items()) + "}"
                     if isinstance(value, dict) else f"{value:.9g}")
             lines.append(f"{field:<19}= {text:<14} # {note}")
+        if table == "pe" and p.overlap:
+            lines.append(f"{'overlap':<19}= {'true':<14} # {SWITCHES['pe']['overlap']}")
     return "\n".join(lines) + "\n"

@@ -48,6 +48,7 @@ from typing import Dict, List, Optional, Tuple
 import numpy as np
 
 from ..step.dtypes import DSL, DSL_NAMES
+from .predict import Call
 
 BASE = 1 << 40
 """Distance between the base addresses of two tensors in a PE's memory."""
@@ -148,10 +149,12 @@ def _floordiv(a, b):
 class Tensor:
     """A block of values with a dtype (float16, float32 or bool), as the kernel sees it."""
 
-    __slots__ = ("a", "tl", "scope", "__weakref__")
+    __slots__ = ("a", "tl", "scope", "cell", "__weakref__")
 
-    def __init__(self, a: np.ndarray, tl: "Backend"):
-        self.a, self.tl = a, tl
+    def __init__(self, a: np.ndarray, tl: "Backend", cell: int = 0):
+        self.a, self.tl, self.cell = a, tl, cell
+        """``cell``: what the replay of ``--predict`` knows its values by (a view shares
+        its base's; 0: made by no call that costs)."""
         self.scope = tl.monitor.made(a.nbytes)
 
     shape = property(lambda self: self.a.shape)
@@ -300,9 +303,9 @@ class Monitor:
     def __init__(self, source: Optional[str], recorder=None, record: bool = False):
         self.source = source
         self.count = Counters()
-        self.calls: Optional[List[Tuple]] = [] if record else None
-        """With ``record``: each call that has a cost, ``(call, kind, amount,
-        direction, line)`` (:mod:`gqa_mpi.dsl.predict`'s), one entry a call."""
+        self.calls: Optional[List[Call]] = [] if record else None
+        """With ``record``: each call that has a cost, a :class:`~gqa_mpi.dsl.predict.Call`."""
+        self.cells = 0
         self.scopes: List[Scope] = []
         self.printed: List[str] = []
         """The lines of ``tl.device_print``, in this PE's program order."""
@@ -318,11 +321,18 @@ class Monitor:
             f = f.f_back
         return None
 
+    def cell(self) -> int:
+        """A new cell, for the values a call makes."""
+        self.cells += 1
+        return self.cells
+
     def call(self, name: str, kind: str, amount: float, direction: Optional[str] = None,
-             dtype: Optional[np.dtype] = None) -> None:
+             dtype: Optional[np.dtype] = None, reads=(), writes: Optional[int] = None
+             ) -> Optional[int]:
         """A call that has a cost: counted for the report (its bytes, flops, messages),
         and kept for the replay of ``--predict`` when recording, with the dtype its
-        rate is looked up by (:func:`dtype_name`)."""
+        rate is looked up by (:func:`dtype_name`), the tensors it reads and the cell
+        it writes. Returns ``writes``."""
         c = self.count
         if kind == "mem":
             if name == "load":
@@ -335,8 +345,11 @@ class Monitor:
             total = (c.sent if kind == "send" else c.received).setdefault(direction, [0, 0])
             total[0], total[1] = total[0] + 1, total[1] + amount
         if self.calls is not None:
-            self.calls.append((name, kind, amount, direction, self.line(),
-                               None if dtype is None else dtype_name(dtype)))
+            self.calls.append(Call(name, kind, amount, direction, self.line(),
+                                   None if dtype is None else dtype_name(dtype),
+                                   tuple(x.cell for x in reads if isinstance(x, Tensor)),
+                                   writes))
+        return writes
 
     def made(self, nbytes: int) -> Optional[Scope]:
         """A tensor of ``nbytes`` was made: its scope (None: persistent)."""
@@ -481,9 +494,9 @@ class Backend:
         raise self.fault(call, f"tl.{call}: an operand is a {type(x).__name__}, not a "
                                f"tensor or a number")
 
-    def _tensor(self, out: np.ndarray, call: str, operands=()) -> Tensor:
+    def _tensor(self, out: np.ndarray, call: str, operands=(), cell: int = 0) -> Tensor:
         self.monitor.result(call, out, operands)
-        return Tensor(out, self)
+        return Tensor(out, self, cell)
 
     def _op(self, name: str, fn, *operands) -> Tensor:
         """An elementwise call: ``fn`` on the aligned operands, one NumPy call."""
@@ -497,12 +510,16 @@ class Backend:
                     if "broadcast" in str(e) else f"tl.{name}: {e}")
             raise self.fault(name, what) from None
         out = np.asarray(out)
-        if name in REDUCTIONS:
-            self.monitor.call(name, "vec", np.size(arrays[0]),
-                              dtype=np.result_type(arrays[0]))
-        elif name not in FREE:
-            self.monitor.call(name, "vec", out.size, dtype=out.dtype)
-        return self._tensor(out, name, arrays)
+        m = self.monitor
+        if name in FREE:                     # a view: its base's values
+            cell = operands[0].cell
+        elif name in REDUCTIONS:
+            cell = m.call(name, "vec", np.size(arrays[0]), dtype=np.result_type(arrays[0]),
+                          reads=operands, writes=m.cell())
+        else:
+            cell = m.call(name, "vec", out.size, dtype=out.dtype, reads=operands,
+                          writes=m.cell())
+        return self._tensor(out, name, arrays, cell)
 
     def _find(self, ptr, nbytes: int, call: str) -> Tuple[Region, int]:
         if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool):
@@ -586,10 +603,10 @@ class Backend:
                 # a view: the store that follows into this region copies the region first
                 a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
             r.lent = True
-            self.monitor.call("load", "mem", nbytes)
+            cell = self.monitor.call("load", "mem", nbytes, writes=self.monitor.cell())
             if r.row_bytes:
                 r.read.append((off, off + nbytes))
-            return Tensor(a, self)
+            return Tensor(a, self, cell)
         addrs, m = self._elements(ptr, shape, dt, mask, "load")
         out = np.full(addrs.shape, other, dt)
         read = out[m]                        # the elements the mask lets through
@@ -601,8 +618,9 @@ class Backend:
                     r.read += [(int(x) * r.row_bytes, (int(x) + 1) * r.row_bytes)
                                for x in np.unique(offs // r.row_bytes)]
         out[m] = read
-        self.monitor.call("load", "mem", int(m.sum()) * dt.itemsize)
-        return Tensor(out, self)
+        cell = self.monitor.call("load", "mem", int(m.sum()) * dt.itemsize, reads=(ptr, mask),
+                                 writes=self.monitor.cell())
+        return Tensor(out, self, cell)
 
     def store(self, ptr, x: Tensor, mask=None) -> None:
         """``x``'s elements, contiguous from ``ptr`` (or one at each address of an int
@@ -615,7 +633,7 @@ class Backend:
                 r.data, r.lent = r.data.copy(), False
             with self._traced("store", shape=list(np.shape(a)), bytes=a.nbytes):
                 r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
-            self.monitor.call("store", "mem", a.nbytes)
+            self.monitor.call("store", "mem", a.nbytes, reads=(x,))
             return
         values = np.asarray(self._array(x, "store"), dtype=np.float16)
         shape = values.shape if not isinstance(ptr, Tensor) else None
@@ -626,7 +644,7 @@ class Backend:
                 if r.lent:
                     r.data, r.lent = r.data.copy(), False
                 r.data.reshape(-1)[offs // 2] = values[at]
-        self.monitor.call("store", "mem", int(m.sum()) * 2)
+        self.monitor.call("store", "mem", int(m.sum()) * 2, reads=(ptr, x, mask))
 
     def _elements(self, ptr, shape, dt, mask, call):
         """``(addresses, mask)``, both of the access's shape: each element's byte address
@@ -693,8 +711,9 @@ class Backend:
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
             out = out.astype(out_dt, copy=False)
         flops = 2 * x.shape[0] * x.shape[1] * y.shape[1]
-        self.monitor.call("dot", "dot", flops, dtype=x.dtype)
-        return self._tensor(out, "dot", (x, y))
+        cell = self.monitor.call("dot", "dot", flops, dtype=x.dtype, reads=(a, b),
+                                 writes=self.monitor.cell())
+        return self._tensor(out, "dot", (x, y), cell)
 
     def sum(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
         """Sum along ``axis`` (None: all) in float32, rounded once to ``x``'s dtype."""
@@ -760,8 +779,9 @@ class Backend:
     def arange(self, start: int, end: int) -> Tensor:
         """``start .. end - 1`` as int32."""
         out = np.arange(start, end, dtype=np.int32)
-        self.monitor.call("arange", "vec", out.size, dtype=out.dtype)
-        return Tensor(out, self)
+        cell = self.monitor.call("arange", "vec", out.size, dtype=out.dtype,
+                                 writes=self.monitor.cell())
+        return Tensor(out, self, cell)
 
     def zeros_like(self, x: Tensor) -> Tensor:
         return self._op("zeros_like", np.zeros_like, x)
@@ -804,8 +824,9 @@ class Backend:
     def zeros(self, shape, dtype="f32") -> Tensor:
         shape, dt = self._sh(shape, "zeros"), self._dt(dtype, "zeros")
         out = np.zeros(shape, dt)
-        self.monitor.call("zeros", "vec", out.size, dtype=out.dtype)
-        return Tensor(out, self)
+        cell = self.monitor.call("zeros", "vec", out.size, dtype=out.dtype,
+                                 writes=self.monitor.cell())
+        return Tensor(out, self, cell)
 
     def full(self, shape, value, dtype="f32") -> Tensor:
         """A constant block: the value asked for, infinities included, is no origin of
@@ -815,8 +836,9 @@ class Backend:
             raise self.fault("full", f"tl.full: the value is a {type(value).__name__}, "
                                      f"not a number")
         out = np.full(shape, value, dt)
-        self.monitor.call("full", "vec", out.size, dtype=out.dtype)
-        return Tensor(out, self)
+        cell = self.monitor.call("full", "vec", out.size, dtype=out.dtype,
+                                 writes=self.monitor.cell())
+        return Tensor(out, self, cell)
 
     def copy_to(self, dst: Tensor, src) -> None:
         """Overwrite ``dst``'s values with ``src``'s (same shape), in ``dst``'s dtype."""
@@ -830,7 +852,8 @@ class Backend:
             # new values, never a write into the old ones: slices, reshapes and loads
             # are views, and a tensor viewing dst keeps the values it was made with
             dst.a = np.array(a, dtype=dst.a.dtype)
-        self.monitor.call("copy_to", "vec", dst.a.size, dtype=dst.a.dtype)
+        dst.cell = self.monitor.call("copy_to", "vec", dst.a.size, dtype=dst.a.dtype,
+                                     reads=(src, dst), writes=self.monitor.cell())
 
     def send(self, dir: str, src: Tensor) -> None:  # noqa: A002 (the kernel's keyword)
         """``src``'s elements as they are now, in its dtype, to the neighbour ``dir``."""
@@ -839,7 +862,7 @@ class Backend:
         with self._traced("send", dir=dir, shape=list(a.shape), dtype=dtype_name(a.dtype),
                           bytes=a.nbytes):
             self.link.send(dir, a, self.monitor.line)
-        self.monitor.call("send", "send", a.nbytes, dir)
+        self.monitor.call("send", "send", a.nbytes, dir, reads=(src,))
 
     def recv(self, dir: str, shape, dtype="f16") -> Tensor:  # noqa: A002
         """The next message sent this way from ``dir``, as ``shape`` of ``dtype``."""
@@ -850,8 +873,8 @@ class Backend:
                           bytes=nbytes):
             raw = self.link.recv(dir, nbytes, self.monitor.line,
                                  f"shape {shape} {dtype_name(dt)}")
-        self.monitor.call("recv", "recv", nbytes, dir)
-        return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self)
+        cell = self.monitor.call("recv", "recv", nbytes, dir, writes=self.monitor.cell())
+        return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self, cell)
 
     def _need_link(self, call: str) -> None:
         if self.link is None:

@@ -57,28 +57,42 @@ class Partial:
             S_local = tl.local_tokens()
         else:
             S_local = S_kv // n + (1 if rank < S_kv % n else 0)
-        row_bytes = h_kv * d_head * 2                      # one token of K or V, float16
-        scale = 1.0 / d_head ** 0.5
+        self.scale = 1.0 / d_head ** 0.5
         Q = tl.load(q_ptr, shape=(T_q, h_q * d_head), dtype="f16")
-        Qh = [tl.cast(tl.reshape(Q[:, h * G * d_head:(h + 1) * G * d_head], (R, d_head)),
-                      "f32") for h in range(h_kv)]
+        self.Qh = [tl.cast(tl.reshape(Q[:, h * G * d_head:(h + 1) * G * d_head],
+                                      (R, d_head)), "f32") for h in range(h_kv)]
         self.m = [tl.full((R,), float("-inf"), "f32") for _ in range(h_kv)]
         self.l = [tl.zeros((R,), "f32") for _ in range(h_kv)]
         self.O = [tl.zeros((R, d_head), "f32") for _ in range(h_kv)]
-        # ---- local sweep: scratch bounded by the tile, whatever S_local is
-        for t0 in range(0, S_local, TILE_S_KV):
-            ts = min(TILE_S_KV, S_local - t0)
-            with tl.scratch_scope():
-                K = tl.load(k_ptr + t0 * row_bytes, shape=(ts, h_kv * d_head), dtype="f16")
-                V = tl.load(v_ptr + t0 * row_bytes, shape=(ts, h_kv * d_head), dtype="f16")
-                for h in range(h_kv):
-                    K_h = tl.cast(K[:, h * d_head:(h + 1) * d_head], "f32")
-                    V_h = tl.cast(V[:, h * d_head:(h + 1) * d_head], "f32")
-                    s = tl.dot(Qh[h], tl.trans(K_h)) * scale
-                    m_t = tl.max(s, axis=-1)
-                    p = tl.exp(s - m_t)
-                    _fold(self.m[h], self.l[h], self.O[h], m_t, tl.sum(p, axis=-1),
-                          tl.dot(p, V_h), tl=tl)
+        self.sweep(k_ptr, v_ptr, S_local)
+
+    def tiles(self, S_local):
+        """``(first token, tokens)`` of each tile of this PE's slice."""
+        return [(t0, min(TILE_S_KV, S_local - t0)) for t0 in range(0, S_local, TILE_S_KV)]
+
+    def load(self, k_ptr, v_ptr, t0, ts):
+        """The K and V rows of one tile, ``(ts, h_kv*d)`` float16 each."""
+        tl, width = self.tl, self.h_kv * self.d
+        return (tl.load(k_ptr + t0 * width * 2, shape=(ts, width), dtype="f16"),
+                tl.load(v_ptr + t0 * width * 2, shape=(ts, width), dtype="f16"))
+
+    def sweep(self, k_ptr, v_ptr, S_local):
+        """The local sweep: scratch bounded by the tile, whatever S_local is."""
+        for t0, ts in self.tiles(S_local):
+            with self.tl.scratch_scope():
+                self.tile(*self.load(k_ptr, v_ptr, t0, ts))
+
+    def tile(self, K, V):
+        """Fold one tile's K and V into the running partial, head by head."""
+        tl, d = self.tl, self.d
+        for h in range(self.h_kv):
+            K_h = tl.cast(K[:, h * d:(h + 1) * d], "f32")
+            V_h = tl.cast(V[:, h * d:(h + 1) * d], "f32")
+            s = tl.dot(self.Qh[h], tl.trans(K_h)) * self.scale
+            m_t = tl.max(s, axis=-1)
+            p = tl.exp(s - m_t)
+            _fold(self.m[h], self.l[h], self.O[h], m_t, tl.sum(p, axis=-1),
+                  tl.dot(p, V_h), tl=tl)
 
     def receive(self, direction):
         """Fold in the partial of the neighbour in ``direction``."""
@@ -114,10 +128,9 @@ class Partial:
                 tl.store(o_ptr + (t * self.h_q + h * G) * d * 2, out[t * G:(t + 1) * G, :])
 
 
-def gqa_decode_corrected_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head,
-                                C, P, *, tl):
-    part = Partial(q_ptr, k_ptr, v_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, tl=tl)
-    # ---- chain to the root: row chain, column bridge, inter-cube chain
+def reduce_to_root(part, o_ptr, C, P):
+    """The chain to the root: row chain, column bridge, inter-cube chain; the root
+    stores O."""
     pe, cube = part.pe, part.cube
     col, row = pe % 4, pe // 4
     row_len = min(4, P - 4 * row)
@@ -138,3 +151,9 @@ def gqa_decode_corrected_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv
         part.send("W")
         return
     part.store(o_ptr)
+
+
+def gqa_decode_corrected_kernel(q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head,
+                                C, P, *, tl):
+    part = Partial(q_ptr, k_ptr, v_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P, tl=tl)
+    reduce_to_root(part, o_ptr, C, P)
