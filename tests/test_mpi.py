@@ -448,6 +448,19 @@ def test_shipped_kernels_pass_on_every_grid(tmp_path, kernel, C, P, S):
         assert record["checks"][0]["max_rel_err"] < 2e-3                  # float16 O
 
 
+@pytest.mark.parametrize("kernel,kv_dtype", [("prefetch", "bfloat16"),
+                                             ("corrected", "float8_e4m3")])
+def test_narrow_memory_is_checked_against_the_values_it_holds(tmp_path, kernel, kv_dtype):
+    """--kv-dtype bfloat16 / float8_e4m3: the kernel reads what memory holds, and the
+    check is exact attention of those values (far closer than memory's rounding)."""
+    code, record = run_source(2, 8, tmp_path, kernel_source=f"builtin:{kernel}", seq_len=3001,
+                              heads_q=8, heads_kv=2, head_dim=16, kv_dtype=kv_dtype)
+    if record is not None:
+        check = record["checks"][0]
+        assert code == 0 and check["passed"] and check["max_rel_err"] < 2e-3, check
+        assert check["floor"] == pytest.approx(0.08)
+
+
 @pytest.mark.skipif(not os.path.exists(REFERENCE), reason="no ../shared/reference")
 def test_reference_kernel_passes_on_equal_keys_and_overflows_at_128k(tmp_path):
     """The kernel as written: right where its defects do not bite (equal keys, one KV

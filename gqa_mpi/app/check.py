@@ -40,15 +40,15 @@ def references(comm, cfg: Config, q: np.ndarray, cache_len: int, *, n_tokens: in
 
     ``q``: the step's queries ``(B, T_q, h_q*d)`` as the ranks hold them;
     ``n_tokens``: the length the inputs were generated at. K and V are taken at
-    float16's values where the ranks hold them so. ``progress(done, total)`` is called
+    the values the ranks hold (float16's, bfloat16's, float8's). ``progress(done, total)`` is called
     after each of this rank's chunks.
     """
-    rounded = cfg.kv_dtype == "float16"
+    held = cfg.kv_dtype if cfg.kv_dtype != "float32" else None
     tasks = plan(cfg, cache_len)[comm.rank::comm.size]
     shapes = kinds(cfg)
     mine = {kind: _empty(*shape) for kind, shape in shapes.items()}
     for i, task in enumerate(tasks):
-        parts = chunk_partials(cfg, task, q, cache_len, n_tokens=n_tokens, rounded=rounded)
+        parts = chunk_partials(cfg, task, q, cache_len, n_tokens=n_tokens, held=held)
         for kind, part in parts.items():
             mine[kind] = reference_merge(mine[kind], part)
         if progress is not None:

@@ -80,6 +80,13 @@ def _emulated_lines(record: RunRecord) -> List[str]:
             + (f"; NOTE {record.kernel_note}" if record.kernel_note else "")]
 
 
+def memory(kv_dtype: str) -> str:
+    """What a kernel's memory holds, as its report line says."""
+    if kv_dtype == "float16":
+        return "float16 memory"
+    return f"memory: K and V {kv_dtype}, Q and O float16"
+
+
 def _source_lines(record: RunRecord) -> List[str]:
     """What a kernel author needs of a ``--kernel-source`` run: what it read, where
     values first became non-finite, its scratch, bytes, flops and messages."""
@@ -93,7 +100,7 @@ def _source_lines(record: RunRecord) -> List[str]:
     last = " in the last step" if c.steps > 1 else ""
     lines = [
         f"kernel    {ks['function']} from {ks['file']}, on every rank with gqa_mpi's tl "
-        f"(float16 memory)",
+        f"({memory(c.kv_dtype)})",
         f"read      K {k_read} of S_kv={S} tokens ({S - k_read} never read), V {v_read} "
         f"({S - v_read} never read){last}; per rank {min(per_rank)}..{max(per_rank)} of "
         f"{min(held)}..{max(held)} held",
@@ -157,7 +164,8 @@ class _Source:
 
     @staticmethod
     def against(record: RunRecord) -> str:
-        return "float64 exact attention on the float16 values the kernel's memory holds"
+        return (f"float64 exact attention on the {record.config.kv_dtype} values the "
+                f"kernel's memory holds")
 
 
 REPORTS = {"emulated": _Emulated, "source": _Source}

@@ -13,6 +13,7 @@ from typing import Optional
 from ..config import loop
 from ..config.inputs import GEN_BLOCK
 from ..step.sweeps import CHUNK
+from ..step.dtypes import FLOATS, MEMORY
 from ..check.streamed import SUB_BYTES, chunk_tokens, modelled
 
 BASELINE = 96 << 20
@@ -29,7 +30,7 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     """
     B, T_q, d = cfg.B, cfg.queries, cfg.head_dim
     h_q, h_kv, G = cfg.heads_q, cfg.heads_kv, cfg.group
-    item = 2 if cfg.kv_dtype == "float16" else 4
+    item = dict(FLOATS, **MEMORY)[cfg.kv_dtype].itemsize
     R = G * T_q
     width_kv = h_kv * d
     resident = 2 * B * (tokens + 16) * width_kv * item
@@ -116,6 +117,6 @@ def advice(cfg) -> str:
             hints.append("a larger --check-every (rank 0 keeps each checked step's "
                          "output until the loop ends)")
     hints.append("more ranks (mpirun -n)")
-    if cfg.kv_dtype != "float16":
+    if cfg.kv_dtype == "float32":
         hints.append("--kv-dtype float16")
     return "; try " + ", ".join(hints)

@@ -58,7 +58,7 @@ def tolerance(cfg: Config, m_rounding: float) -> float:
     its mode's rule (:meth:`gqa_mpi.config.modes.Emulated.tolerance`; a source run's is
     :data:`~gqa_mpi.config.modes.SOURCE_TOLERANCE`). With large scores (no 1/sqrt(d)
     scale, say) float16's rounding of m alone reaches 1e-2, which is why it counts."""
-    return cfg.mode.tolerance(cfg.wire_format, m_rounding)
+    return cfg.mode.tolerance(cfg.wire_format, m_rounding, cfg.kv_dtype)
 
 
 def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,

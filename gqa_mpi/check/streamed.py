@@ -21,6 +21,7 @@ import numpy as np
 from ..config.config import Config
 from ..config.inputs import GEN_BLOCK, read_rows
 from .kernel_model import kernel_partial, kernel_rows, kernel_units
+from ..step.dtypes import MEMORY
 from .reference import float16_values, reference_merge, reference_partial
 
 CHUNK_BYTES = 32 << 20
@@ -89,20 +90,21 @@ def plan_size(cfg: Config, cache_len: int) -> int:
 
 
 def chunk_partials(cfg: Config, task: Task, q: np.ndarray, cache_len: int, *,
-                   n_tokens: int, rounded: bool) -> Dict[str, tuple]:
+                   n_tokens: int, held: Optional[str]) -> Dict[str, tuple]:
     """The partials of one chunk of the check of a step over ``cache_len`` tokens,
-    by kind (see :func:`kinds`), from rows read here."""
+    by kind (see :func:`kinds`), from rows read here, K and V at the values of the
+    dtype ``held`` (a name of :data:`~gqa_mpi.step.dtypes.MEMORY`; None: as read)."""
     width = cfg.heads_kv * cfg.head_dim
     k, v = (read_rows(cfg.inputs, cfg.seed, cfg.B, n_tokens, width, name, *task.rows)
             for name in "kv")
     if task.unit is not None:
         return {"model": kernel_partial(q, k, v, S_kv=cache_len, n_ranks=cfg.n_ranks,
                                         unit=task.unit, h_kv=cfg.heads_kv, tile=cfg.tile)}
-    return _exact(cfg, q, k, v, task.rows[0], cache_len, rounded)
+    return _exact(cfg, q, k, v, task.rows[0], cache_len, held)
 
 
 def _exact(cfg: Config, q, k, v, first: int, cache_len: int,
-           rounded: bool) -> Dict[str, tuple]:
+           memory: Optional[str]) -> Dict[str, tuple]:
     """Partials of exact attention over one chunk, ``SUB_BYTES`` of float64 at a time:
     a piece small enough for the rounding, the conversions and the products to stay in
     cache, in buffers allocated once, so that the check streams its chunk from memory
@@ -120,8 +122,12 @@ def _exact(cfg: Config, q, k, v, first: int, cache_len: int,
     for s0 in range(0, n, step):
         m = min(step, n - s0)
         kc, vc = k[:, s0:s0 + m], v[:, s0:s0 + m]
-        if rounded:
+        if memory == "float16":
             kc, vc = float16_values(kc, out=k32[:, :m]), float16_values(vc, out=v32[:, :m])
+        elif memory is not None:
+            np.copyto(k32[:, :m], kc.astype(MEMORY[memory]), casting="unsafe")
+            np.copyto(v32[:, :m], vc.astype(MEMORY[memory]), casting="unsafe")
+            kc, vc = k32[:, :m], v32[:, :m]
         np.copyto(k64[:, :m], kc)
         np.copyto(v64[:, :m], vc)
         held = {np.float32: (kc, vc), np.float64: (k64[:, :m], v64[:, :m])}

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Dict, List, Literal, Optional, Tuple, get_args, get_type_hints
 
-from ..step.dtypes import FLOATS
+from ..step.dtypes import FLOATS, MEMORY
 from ..step.grid import Grid
 from ..step.partition import Placement, rank_tokens
 from ..step.schedules import SCHEDULES, Schedule
@@ -95,8 +95,9 @@ def parse_size(text: str) -> int:
 KERNELS = ("auto", "fused", "numpy")
 """``--kernel`` choices, the local sweep: auto is fused where it loads, else numpy."""
 
-KV_DTYPES = tuple(FLOATS)
-"""What ``--kv-dtype`` takes: the names of :data:`gqa_mpi.step.dtypes.FLOATS`."""
+KV_DTYPES = tuple(dict(FLOATS, **MEMORY))
+"""What ``--kv-dtype`` takes: the emulation's :data:`gqa_mpi.step.dtypes.FLOATS`, a
+kernel's memory's :data:`~gqa_mpi.step.dtypes.MEMORY`."""
 
 DEFAULT_TILE = 1024
 """TILE_S_KV of the local sweep, as in the kernel."""
@@ -171,7 +172,10 @@ class Config:
     kv_dtype: Optional[Literal[KV_DTYPES]] = opt(None, "algorithm", shown=(
         f"float16 if k.npy is float16 or with --kernel-source, else {Emulated.kv_dtype}"))
     """how each rank holds its K and V slice: float16 halves the bytes streamed and
-    the memory held, as on the accelerator; arithmetic stays float32"""
+    the memory held, as on the accelerator; arithmetic stays float32. With
+    --kernel-source: what the kernel's memory holds K and V as, float16, bfloat16,
+    float8_e4m3 or float8_e5m2 (Q and O stay float16; the check is exact attention of
+    the values memory holds)"""
     reduce: str = opt("chain", "algorithm", choices=SCHEDULES)
     """how partials reach rank 0"""
     wire: Optional[str] = opt(None, "algorithm", choices=WIRES, shown=(

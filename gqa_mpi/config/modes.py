@@ -20,10 +20,17 @@ from typing import List, Optional
 
 import numpy as np
 
+from ..step.dtypes import FLOATS, MEMORY, unit_roundoff
+
 SOURCE_TOLERANCE = 1e-2
-"""The check's floor for a ``--kernel-source`` run: the kernel's memory, its operands
-and its messages are float16 (a relative rounding of 2**-11 an operation, accumulated
-over the merges of a chain), and so is the O it stores."""
+"""The check's floor for a ``--kernel-source`` run on float16 memory: the kernel's
+memory, its operands and its messages are float16 (a relative rounding of 2**-11 an
+operation, accumulated over the merges of a chain), and so is the O it stores.
+Narrower memory scales it (:meth:`Source.tolerance`)."""
+NARROW_SCALE_MAX = 8
+"""The most narrower memory scales :data:`SOURCE_TOLERANCE` by: bfloat16's rounding
+over float16's. float8's is coarser still, but no kernel computes in float8: its
+operands are widened, and the check is against the values memory holds."""
 
 
 class Emulated:
@@ -55,13 +62,14 @@ class Emulated:
         cfg.schedule.check_wire(cfg.wire_format, cfg.wire)
         for given, option in ((cfg.check_against != "exact",
                                f"--check-against {cfg.check_against}"),
-                              (cfg.predict is not None, f"--predict {cfg.predict}")):
+                              (cfg.predict is not None, f"--predict {cfg.predict}"),
+                              (cfg.kv_dtype not in FLOATS, f"--kv-dtype {cfg.kv_dtype}")):
             if given:
                 raise ValueError(f"{option} is for the kernel's own file: give "
                                  f"--kernel-source FILE too")
 
     @staticmethod
-    def tolerance(wire, m_rounding: float) -> float:
+    def tolerance(wire, m_rounding: float, kv_dtype: str = "float32") -> float:
         """The check's floor: the wire's threshold, plus what its rounding of ``m`` can
         do (a partial whose ``m`` arrives off by ``delta`` has all its weights scaled by
         ``e**delta``: O moves by at most about ``2 * delta * max|O|``)."""
@@ -83,11 +91,11 @@ class Source:
 
     name = "source"
     kv_dtype = "float16"
-    """The kernel's memory holds K and V in float16."""
+    """The kernel's memory holds K and V in float16 unless ``--kv-dtype`` says."""
     records_wire = False
     """Its messages are what its ``tl.send`` sends: no wire of gqa_mpi's."""
     kv_from_inputs = False
-    """The kernel's memory holds K and V in float16, whatever the files hold."""
+    """The kernel's memory holds K and V as ``--kv-dtype`` says, whatever the files hold."""
 
     @staticmethod
     def preflight(cfg) -> None:
@@ -123,8 +131,8 @@ class Source:
                  "its file sets its own TILE_S_KV"),
                 (cfg.kernel != "auto", f"--kernel {cfg.kernel}",
                  "the kernel's file is the local kernel"),
-                (cfg.kv_dtype != "float16", f"--kv-dtype {cfg.kv_dtype}",
-                 "the kernel's memory holds K and V in float16"),
+                (cfg.kv_dtype not in MEMORY, f"--kv-dtype {cfg.kv_dtype}",
+                 f"a kernel's memory holds K and V as {', '.join(MEMORY)}"),
                 (cfg.trace_tiles, "--trace-tiles", "its trace has a span per tl call"),
                 (cfg.batched, "--batch", "the kernel's signature has no batch axis"),
                 (cfg.causal, "--causal", "the kernel's signature has no mask")):
@@ -135,15 +143,20 @@ class Source:
             for given, option, why in (
                     (cfg.steps > 1, "--steps", "the model is of one decode step"),
                     (cfg.split is not None, "--split", "the model reads SPEC's balanced "
-                     "split")):
+                     "split"),
+                    (cfg.kv_dtype != "float16", f"--kv-dtype {cfg.kv_dtype}",
+                     "the model's memory is float16")):
                 if given:
                     raise ValueError(f"--check-against kernel-model cannot follow {option} "
                                      f"({why}); drop {option} or check against exact")
 
     @staticmethod
-    def tolerance(wire, m_rounding: float) -> float:
-        """The kernel's own rule (:data:`SOURCE_TOLERANCE`), not a wire's."""
-        return SOURCE_TOLERANCE
+    def tolerance(wire, m_rounding: float, kv_dtype: str = "float16") -> float:
+        """The kernel's own rule, not a wire's: :data:`SOURCE_TOLERANCE`, times the
+        memory dtype's rounding over float16's (at most :data:`NARROW_SCALE_MAX`): 1e-2
+        for float16, 8e-2 for bfloat16 and float8."""
+        scale = unit_roundoff(MEMORY[kv_dtype]) / unit_roundoff(MEMORY["float16"])
+        return SOURCE_TOLERANCE * min(NARROW_SCALE_MAX, max(1.0, scale))
 
     @staticmethod
     def held_queries(q: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@
 No MPI here: ``send``/``recv`` go to a ``link`` object the caller gives
 (:mod:`gqa_mpi.mpi.tl_link` on MPI; any object with the same two methods in tests).
 
-- :class:`Tensor` is a NumPy array and, through it, a dtype (float16, float32 or bool).
+- :class:`Tensor` is a NumPy array and, through it, a dtype (a float, int32 or bool).
 - :class:`Backend` has one method per builtin; each is one NumPy call on whole blocks.
   The rules live once: :func:`_align` is the row-broadcast rule of every call with
   several operands; the dtypes are :data:`gqa_mpi.step.dtypes.DSL`'s.
@@ -16,12 +16,13 @@ No MPI here: ``send``/``recv`` go to a ``link`` object the caller gives
 SPEC.md's ``tl`` table is the contract; where the kernel's framework is silent these
 are gqa_mpi's choices:
 
-- **memory**: each tensor (Q, this PE's K and V slices, O) is a float16 byte buffer at a
-  base address of its own (:data:`BASE` apart, so that no overrun reaches another
+- **memory**: each tensor (Q, this PE's K and V slices, O) is a byte buffer at a base
+  address of its own, in its dtype (Q and O float16, K and V ``--kv-dtype``'s; the
+  pointers say which: :class:`Pointer`) (:data:`BASE` apart, so that no overrun reaches another
   tensor); ``tl.load``/``tl.store`` must stay inside the tensor their pointer is in.
   A load reads the memory as it is at the call (a later store never reaches it).
 - **arithmetic**: an op on float16 operands gives float16 (NumPy computes each op and
-  rounds once); a Python number keeps the tensor's dtype; mixed dtypes promote as
+  rounds once; on bfloat16 and float8, ml_dtypes computes in float32 and rounds once); a Python number keeps the tensor's dtype; mixed dtypes promote as
   NumPy does. ``tl.dot`` and ``tl.sum`` accumulate in float32 and round once.
 - **row broadcasting**: an ``(M,)`` operand of a call that also has an ``(M, N)`` one
   is taken as ``(M, 1)`` (row ``i`` uses element ``i``), as in ``scores - m_local``,
@@ -47,7 +48,7 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..step.dtypes import DSL, DSL_NAMES
+from ..step.dtypes import DSL, DSL_NAMES, MEMORY, is_float
 from .predict import Call
 
 BASE = 1 << 40
@@ -56,6 +57,8 @@ MAX_NONFINITE = 5
 """Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
 DTYPES = dict(DSL, i32=np.dtype(np.int32), i1=np.dtype(np.bool_))
+MEMORY_DTYPES = frozenset(MEMORY.values())
+"""What memory may hold a tensor as (:data:`gqa_mpi.step.dtypes.MEMORY`)."""
 """The dtypes a kernel may name: memory's floats, and the ints and booleans of indices
 and masks."""
 UNTRACED = nullcontext()
@@ -75,6 +78,40 @@ def dtype_name(dt) -> str:
     dt = np.dtype(dt)
     return DSL_NAMES.get(dt) or ("i1" if dt == np.bool_ else "i32" if dt == np.int32
                                  else dt.name)
+
+
+class DType(str):
+    """A dtype as a kernel names it (``"f16"``, ``"bf16"``, ...: a string, as every
+    ``dtype=`` takes), with Triton's ``primitive_bitwidth``."""
+
+    __slots__ = ()
+
+    @property
+    def primitive_bitwidth(self) -> int:
+        return DTYPES[self].itemsize * 8
+
+
+class PointerType:
+    """A pointer's type: ``element_ty``, the dtype of the memory it points into."""
+
+    __slots__ = ("element_ty",)
+
+    def __init__(self, element_ty: DType):
+        self.element_ty = element_ty
+
+    def __repr__(self):
+        return f"pointer<{self.element_ty}>"
+
+
+class Pointer(int):
+    """A base address (SPEC's ``*_ptr``, a plain int in arithmetic: ``k_ptr + 64`` is an
+    int), whose ``dtype.element_ty`` says what its memory holds, as a Triton pointer's
+    does: ``k_ptr.dtype.element_ty.primitive_bitwidth // 8`` is a K element's bytes."""
+
+    def __new__(cls, address: int, element: str):
+        p = super().__new__(cls, address)
+        p.dtype = PointerType(DType(element))
+        return p
 
 
 class KernelFault(Exception):
@@ -101,7 +138,7 @@ def _widen(arrays):
     """The dtype rules NumPy's promotion leaves to the DSL: an int tensor with a float
     one takes the float's dtype; integer arithmetic that leaves int32 (a byte address
     plus an int tensor) is int64."""
-    floats = [x.dtype for x in arrays if isinstance(x, np.ndarray) and x.dtype.kind == "f"]
+    floats = [x.dtype for x in arrays if isinstance(x, np.ndarray) and is_float(x.dtype)]
     ints = [x for x in arrays if isinstance(x, np.ndarray) and x.dtype.kind in "iu"]
     if floats and ints:
         to = np.result_type(*floats)
@@ -158,7 +195,7 @@ class Tensor:
         self.scope = tl.monitor.made(a.nbytes)
 
     shape = property(lambda self: self.a.shape)
-    dtype = property(lambda self: dtype_name(self.a.dtype))
+    dtype = property(lambda self: DType(dtype_name(self.a.dtype)))
     ndim = property(lambda self: self.a.ndim)
 
     def __repr__(self):
@@ -231,12 +268,12 @@ for _name, (_fn, _symbol) in COMPARISONS.items():
 
 @dataclass
 class Region:
-    """One tensor of a PE's memory: its name, base address and float16 bytes."""
+    """One tensor of a PE's memory: its name, base address and bytes."""
 
     name: str
     base: int
     data: np.ndarray
-    """The tensor's values, as stored (float16, row-major)."""
+    """The tensor's values, as stored (in its dtype, row-major)."""
     row_bytes: int = 0
     """Bytes per token row, for K and V (counting the rows the kernel read)."""
     first_row: int = 0
@@ -381,12 +418,12 @@ class Monitor:
     def result(self, call: str, out: np.ndarray, operands) -> None:
         """Note ``call`` if it made inf or NaN from finite operands (the result is
         scanned; the operands only when it holds some)."""
-        if (call not in MAKES_NONFINITE or out.dtype.kind != "f"
+        if (call not in MAKES_NONFINITE or not is_float(out.dtype)
                 or len(self.count.nonfinite) >= MAX_NONFINITE):
             return
         bad = _bad_count(out)
         if bad and all(not _bad_count(x) for x in operands
-                       if isinstance(x, np.ndarray) and x.dtype.kind == "f"):
+                       if isinstance(x, np.ndarray) and is_float(x.dtype)):
             self.count.nonfinite.append((call, self.line(), bad))
 
     @contextmanager
@@ -405,7 +442,8 @@ class Backend:
     ----------
     pe, cube : int
         ``tl.program_id(axis=0)`` and ``(axis=1)``.
-    regions : list of (name, float16 array, row_bytes, first_row)
+    regions : list of (name, array, row_bytes, first_row)
+        In memory as the array's dtype where it is one of memory's, else float16.
         The PE's memory in order (Q, K, V, O); ``pointer(name)`` is each base.
     link : object, optional
         ``send(direction, array, line)`` and ``recv(direction, nbytes, line, what) ->
@@ -423,7 +461,8 @@ class Backend:
         self.pe, self.cube, self.link, self.source = pe, cube, link, source
         self.regions: List[Region] = []
         for i, (name, data, row_bytes, first_row) in enumerate(regions):
-            data = np.ascontiguousarray(data, dtype=np.float16)
+            data = np.ascontiguousarray(data, dtype=data.dtype if np.dtype(data.dtype) in
+                                        MEMORY_DTYPES else np.float16)
             self.regions.append(Region(name, (i + 1) * BASE, data, row_bytes, first_row))
         self.monitor = Monitor(source, recorder, record)
         self.count = self.monitor.count
@@ -444,8 +483,9 @@ class Backend:
         object.__setattr__(self, name, value)
 
     # ---- bookkeeping
-    def pointer(self, name: str) -> int:
-        return next(r.base for r in self.regions if r.name == name)
+    def pointer(self, name: str) -> "Pointer":
+        r = self.region(name)
+        return Pointer(r.base, dtype_name(r.data.dtype))
 
     def region(self, name: str) -> Region:
         return next(r for r in self.regions if r.name == name)
@@ -521,6 +561,17 @@ class Backend:
                           writes=m.cell())
         return self._tensor(out, name, arrays, cell)
 
+    def _held(self, ptr) -> np.dtype:
+        """The dtype memory holds at ``ptr`` (an address, or an int tensor's first),
+        float16 where no tensor is (the access then faults on its bounds)."""
+        if isinstance(ptr, Tensor):
+            ptr = ptr.a.flat[0] if ptr.a.size and ptr.a.dtype.kind in "iu" else None
+        if isinstance(ptr, (int, np.integer)) and not isinstance(ptr, bool):
+            for r in self.regions:
+                if r.base <= int(ptr) < r.base + BASE:
+                    return r.data.dtype
+        return np.dtype(np.float16)
+
     def _find(self, ptr, nbytes: int, call: str) -> Tuple[Region, int]:
         if not isinstance(ptr, (int, np.integer)) or isinstance(ptr, bool):
             raise self.fault(call, f"tl.{call}: the pointer is a {type(ptr).__name__}, "
@@ -589,12 +640,13 @@ class Backend:
         finally:
             self.monitor.leave(scope)
 
-    def load(self, ptr, shape=None, dtype="f16", mask=None, other=0) -> Tensor:
+    def load(self, ptr, shape=None, dtype=None, mask=None, other=0) -> Tensor:
         """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``
         (a byte-conserving reshape); or, with ``ptr`` an int tensor of byte addresses, one
         element from each (a gather). Where ``mask`` (broadcast to the shape) is false
-        nothing is read and the element is ``other``."""
-        dt = self._dt(dtype, "load")
+        nothing is read and the element is ``other``. ``dtype`` defaults to the memory's
+        there, as a Triton pointer's element type decides the load's."""
+        dt = self._dt(dtype, "load") if dtype is not None else self._held(ptr)
         if mask is None and not isinstance(ptr, Tensor):
             shape = self._sh(shape, "load")
             nbytes = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
@@ -627,7 +679,7 @@ class Backend:
         tensor ``ptr``: a scatter), in the dtype of the tensor there, float16; where
         ``mask`` is false nothing is written."""
         if mask is None and not isinstance(ptr, Tensor):
-            a = np.asarray(self._array(x, "store"), dtype=np.float16).ravel()
+            a = np.asarray(self._array(x, "store"), dtype=self._held(ptr)).ravel()
             r, off = self._find(ptr, a.nbytes, "store")
             if r.lent:                       # loads taken before keep the values they read
                 r.data, r.lent = r.data.copy(), False
@@ -635,16 +687,19 @@ class Backend:
                 r.data.reshape(-1).view(np.uint8)[off:off + a.nbytes] = a.view(np.uint8)
             self.monitor.call("store", "mem", a.nbytes, reads=(x,))
             return
-        values = np.asarray(self._array(x, "store"), dtype=np.float16)
+        values = np.asarray(self._array(x, "store"))
         shape = values.shape if not isinstance(ptr, Tensor) else None
-        addrs, m = self._elements(ptr, shape, np.dtype(np.float16), mask, "store")
+        addrs, m = self._elements(ptr, shape, self._held(ptr), mask, "store")
         values = np.broadcast_to(values, addrs.shape)[m]
+        nbytes = 0
         with self._traced("store", shape=list(addrs.shape)):
-            for r, at, offs in self._where(addrs[m], 2, "store"):
+            for r, at, offs in self._where(addrs[m], None, "store"):
                 if r.lent:
                     r.data, r.lent = r.data.copy(), False
-                r.data.reshape(-1)[offs // 2] = values[at]
-        self.monitor.call("store", "mem", int(m.sum()) * 2, reads=(ptr, x, mask))
+                size = r.data.dtype.itemsize
+                r.data.reshape(-1)[offs // size] = values[at].astype(r.data.dtype)
+                nbytes += len(at) * size
+        self.monitor.call("store", "mem", nbytes, reads=(ptr, x, mask))
 
     def _elements(self, ptr, shape, dt, mask, call):
         """``(addresses, mask)``, both of the access's shape: each element's byte address
@@ -673,12 +728,15 @@ class Backend:
                                    f"does not broadcast to {addrs.shape}") from None
         return addrs, m
 
-    def _where(self, addrs: np.ndarray, size: int, call: str):
+    def _where(self, addrs: np.ndarray, size: Optional[int], call: str):
         """For the regions that ``addrs`` (flat byte addresses of elements of ``size``
-        bytes) fall in: ``(region, positions in addrs, offsets)``; an address outside
-        every tensor, past one's end or not on an element is a fault."""
+        bytes; None: of each region's own) fall in: ``(region, positions in addrs,
+        offsets)``; an address outside every tensor, past one's end or not on an element
+        is a fault."""
         left = np.ones(addrs.shape, bool)
+        own = size
         for r in self.regions:
+            size = own or r.data.dtype.itemsize
             inside = (addrs >= r.base) & (addrs < r.base + BASE)    # its address space
             if not inside.any():
                 continue
@@ -753,7 +811,8 @@ class Backend:
                                              f"(cubes), got {axis!r}")
         return self._programs[axis]
 
-    float16, float32, int32, int1 = "f16", "f32", "i32", "i1"
+    float16, float32, bfloat16, float8e4nv, float8e5, int32, int1 = (
+        DType(x) for x in ("f16", "f32", "bf16", "fp8e4m3", "fp8e5m2", "i32", "i1"))
     """Triton's dtype objects, as the strings every ``dtype=`` here takes."""
 
     def join(self, a, b) -> Tensor:

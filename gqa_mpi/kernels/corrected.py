@@ -71,10 +71,13 @@ class Partial:
         return [(t0, min(TILE_S_KV, S_local - t0)) for t0 in range(0, S_local, TILE_S_KV)]
 
     def load(self, k_ptr, v_ptr, t0, ts):
-        """The K and V rows of one tile, ``(ts, h_kv*d)`` float16 each."""
+        """The K and V rows of one tile, ``(ts, h_kv*d)`` each, in the dtype memory
+        holds them as (the pointer's element type where it has one, else float16)."""
         tl, width = self.tl, self.h_kv * self.d
-        return (tl.load(k_ptr + t0 * width * 2, shape=(ts, width), dtype="f16"),
-                tl.load(v_ptr + t0 * width * 2, shape=(ts, width), dtype="f16"))
+        kv = k_ptr.dtype.element_ty if hasattr(k_ptr, "dtype") else "f16"
+        row = width * (kv.primitive_bitwidth // 8 if hasattr(kv, "primitive_bitwidth") else 2)
+        return (tl.load(k_ptr + t0 * row, shape=(ts, width), dtype=kv),
+                tl.load(v_ptr + t0 * row, shape=(ts, width), dtype=kv))
 
     def sweep(self, k_ptr, v_ptr, S_local):
         """The local sweep: scratch bounded by the tile, whatever S_local is."""

@@ -26,6 +26,7 @@ from ..dsl.kernel_file import grid_problem, load
 from ..dsl.tl import Backend, Counters, KernelFault, run_kernel
 from ..step.schedules import Traffic
 from ..step.sweeps import CHUNK
+from ..step.dtypes import MEMORY
 from ..step.trace import Recorder
 from . import watchdog
 from .local import LocalStep
@@ -64,7 +65,8 @@ class SourceStep(LocalStep):
     def resident(self, q_in, rows, count, room):
         self.queries(q_in)
         width = self.cfg.heads_kv * self.cfg.head_dim
-        self.k, self.v = (np.empty((q_in.shape[0], room, width), np.float16) for _ in "kv")
+        held = MEMORY[self.cfg.kv_dtype]         # what the kernel's memory holds K and V as
+        self.k, self.v = (np.empty((q_in.shape[0], room, width), held) for _ in "kv")
         for i in range(0, count, CHUNK):
             j = min(i + CHUNK, count)
             self.k[:, i:j], self.v[:, i:j] = rows("k", i, j), rows("v", i, j)
@@ -89,11 +91,11 @@ class SourceStep(LocalStep):
 
     def _call(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, cache_len: int,
               first: int) -> Optional[np.ndarray]:
-        """Call the kernel over this rank's ``k``, ``v`` ``(S_local, h_kv*d)`` float16
-        (global rows from ``first``) with queries ``q`` ``(T_q, h_q*d)``; O
+        """Call the kernel over this rank's ``k``, ``v`` ``(S_local, h_kv*d)`` as memory
+        holds them (global rows from ``first``) with queries ``q`` ``(T_q, h_q*d)``; O
         ``(T_q, h_q*d)`` float32 on the root, None elsewhere."""
         cfg, topo = self.cfg, self.topo
-        row = k.shape[1] * 2
+        row = k.shape[1] * k.dtype.itemsize
         regions = [("Q", q, 0, 0), ("K", k, row, first), ("V", v, row, first),
                    ("O", np.zeros(q.shape, np.float16), 0, 0)]
         watch = Watch(topo, self.path, cfg.describe() if not cfg.quiet else None)
