@@ -13,7 +13,9 @@ the numbers); the profile takes the median over the ranks, each the best of
   2x4 grid's 8, or the ranks if fewer): what a cube gets when every core reads;
   ``pe.mem_latency_s``: a dependent chain of reads over it (a random cycle), less the
   same chain over a buffer that fits in the L1 cache (the interpreter's own cost);
-- ``pe.call_s``: a ``tl`` call on one element through the backend;
+- ``pe.call_s``: what a kernel's ``tl`` call costs beyond its arithmetic: the corrected
+  kernel's tile on one-element shapes, recorded as under ``--predict``, over its calls
+  that have a cost (so the views, scopes and Python between the calls count);
   ``pe.dot_flops_per_s``: ``tl.dot`` of ``(G, d) x (d, tile)`` with float32 operands and
   with float16 ones, less ``call_s``: a table by dtype;
   ``pe.vector_elems_per_s``: the elements per second of the vector calls a tile of the
@@ -71,12 +73,33 @@ def memory(repeats: int) -> Dict[str, float]:
     return dict(together_bytes_per_s=bandwidth(repeats), mem_latency_s=latency)
 
 
+def call_cost(repeats: int) -> float:
+    """What a kernel's ``tl`` call costs beyond its arithmetic: the corrected kernel's
+    tile on one token of one-element heads, with the calls recorded (as under
+    ``--predict``), over the calls in it that have a cost. The views, scopes and the
+    kernel's own Python between the calls are in it, as in a run."""
+    from ..dsl.tl import Backend
+    from ..kernels.corrected import Partial
+    tl = Backend(0, 0, [(n, np.zeros((1, 1), np.float16), 2, 0) for n in "QKVO"],
+                 record=True)
+    part = Partial(tl.pointer("Q"), tl.pointer("K"), tl.pointer("V"), 1, 0, 1, 1, 1, 1, 1,
+                   tl=tl)
+    k, v = tl.pointer("K"), tl.pointer("V")
+
+    def tile():
+        with tl.scratch_scope():
+            part.tile(*part.load(k, v, 0, 1))
+    before = len(tl.monitor.calls)
+    tile()
+    calls = len(tl.monitor.calls) - before
+    return best(tile, repeats, 200) / calls
+
+
 def backend_rates(repeats: int, G: int = 8, d: int = 128, tile: int = 1024) -> Dict:
     """The tl backend's per-call cost and its dot and vector rates on a tile's shapes."""
     from ..dsl.tl import Backend
     tl = Backend(0, 0, [(n, np.zeros((tile, d), np.float16), 2 * d, 0) for n in "QKVO"])
-    one = tl.full((1,), 1.0, "f32")
-    call = best(lambda: tl.exp(one), repeats, 2000)
+    call = call_cost(repeats)
     k16 = tl.load(tl.pointer("K"), (tile, d), "f16")
     k32 = tl.cast(k16, "f32")
     dots, vectors = {}, {}
