@@ -145,3 +145,23 @@ def test_checks_run_after_the_loop_so_no_timed_step_follows_one(capsys, monkeypa
                              "--heads-kv", 2, "--head-dim", 8)
     assert code == 0, out + err
     assert events == ["step"] * 4 + ["check"] * 4 and "4 of 4 steps checked" in out
+
+
+def test_a_failing_check_says_which_heads_and_rows_are_wrong():
+    """Query heads 4..7 (KV head 1 of G = 4) and row 1 wrong: the breakdown names them,
+    on the check's normwise scale, and the report's line counts those over."""
+    from gqa_mpi.app.report import _where
+    from gqa_mpi.check.judge import compare
+    rng = np.random.default_rng(0)
+    ref = rng.standard_normal((1, 3, 8 * 4))                 # B, T_q, h_q * d (d = 4)
+    out = ref.copy()
+    out[0, 1, 4 * 4:8 * 4] += 0.5 * np.abs(ref).max()        # heads 4..7 of row 1
+    out[0, 1, 5 * 4] += 0.25 * np.abs(ref).max()             # head 5 worst
+    chk = compare(out, ref, 1e-2, heads=8)
+    assert not chk.passed and chk.by_head[:4] == [0.0] * 4
+    assert chk.by_head[5] == pytest.approx(0.75) and chk.by_head[4] == pytest.approx(0.5)
+    assert chk.by_row == pytest.approx([0.0, 0.75, 0.0])
+    line = _where(chk, group=4)
+    assert line.startswith("where     by query head: 4 of 8 over, worst h5 0.75, h4 0.5")
+    assert "by KV head: 1 of 2 over, worst kv1 0.75, kv0 0" in line
+    assert line.endswith("by query row: 1 of 3 over, worst t1 0.75, t0 0, t2 0")

@@ -503,3 +503,21 @@ def test_narrow_memory_loads_as_its_pointer_says_and_computes_in_float32_rounded
     assert np.allclose(s.a, a.sum(axis=-1), rtol=1e-6)
     tl.store(tl.pointer("K"), tl.full((8,), 3.3, "f32"))             # rounded to memory's
     assert tl.region("K").data[0, 0] == np.float32(3.3).astype(dt)
+
+
+def test_the_scratch_high_water_mark_names_its_largest_tensors_and_their_lines(tmp_path):
+    fn, path = kernel_file(tmp_path, """
+        def scratch_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+            for i in range(3):
+                with tl.scratch_scope():
+                    a = tl.zeros((64, 8), "f32")
+                    b = tl.zeros((16,), "f16")
+                    c = tl.cast(a, "f16")
+            with tl.scratch_scope():
+                small = tl.zeros((4,), "f32")
+        """)
+    tl = backend(source=path)
+    run_kernel(fn, tl, 1, 4, 1, 1, 8, 1, 1)
+    assert tl.count.scratch_peak == 64 * 8 * 4 + 32 + 64 * 8 * 2
+    assert tl.count.scratch_top == [(2048, 5, "(64, 8) f32"), (1024, 7, "(64, 8) f16"),
+                                    (32, 6, "(16,) f16")]

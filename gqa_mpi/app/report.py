@@ -116,8 +116,15 @@ def _source_lines(record: RunRecord) -> List[str]:
                           f"{','.join(map(str, rs[:8]))}{' ...' if len(rs) > 8 else ''}"
                           for (call, line), rs in list(first.items())[:4])
         lines.append(f"numerics  inf or NaN first made by {shown}")
-    lines.append(f"scratch   high-water {fmt(max(s['scratch_peak'] for s in every))} per "
-                 f"rank (max); persistent {fmt(max(s['persistent'] for s in every))}")
+    peak = max(range(len(every)), key=lambda r: every[r]["scratch_peak"])
+    top = every[peak].get("scratch_top") or []
+    over = record.predicted is not None and not record.predicted.get("fits_scratch", True)
+    named = (f"; at it on rank {peak}: " + ", ".join(
+        f"{fmt(b)} {what} (line {line})" if line is not None else f"{fmt(b)} {what}"
+        for b, line, what in top) if over and top else "")
+    lines.append(f"scratch   high-water {fmt(every[peak]['scratch_peak'])} per rank (max)"
+                 f"{' DOES NOT FIT the profile' if over else ''}{named}; persistent "
+                 f"{fmt(max(s['persistent'] for s in every))}")
     sent = Counters()
     for s in every:
         sent.add(Counters(sent=s["sent"]))        # the kernel's own sum of directions
@@ -183,6 +190,8 @@ def _check_lines(record: RunRecord) -> List[str]:
     if c.steps > 1:
         against += f", {len(record.checks)} of {c.steps} steps checked, the worst shown"
     lines = [_comparison("check", chk, against)]
+    if not chk.passed and chk.by_head:
+        lines.append(_where(chk, c.group))
     if record.vs_exact is not None:
         x = record.vs_exact
         lines.append(f"exact     the kernel's arithmetic differs from exact attention "
@@ -202,6 +211,22 @@ def _comparison(head: str, chk: Comparison, against: str) -> str:
                 f"O are NaN or inf) vs {against}: FAILED")
     return (f"{head:<9} max_abs_err={chk.max_abs_err:.3g} max_rel_err={chk.max_rel_err:.3g} "
             f"({rule}) vs {against}: {'PASSED' if chk.passed else 'FAILED'}")
+
+
+def _where(chk: Comparison, group: int, worst: int = 3) -> str:
+    """Where a failing output is wrong: the error by query head, by KV head (the worst
+    of its ``group`` query heads) and by query row, how many are over the tolerance,
+    and the worst few."""
+    heads = chk.by_head
+    by_kv = [max(heads[i:i + group]) for i in range(0, len(heads), group)]
+    parts = []
+    for what, tag, errs in (("query head", "h", heads), ("KV head", "kv", by_kv),
+                            ("query row", "t", chk.by_row)):
+        over = sum(e > chk.tolerance for e in errs)
+        top = sorted(range(len(errs)), key=lambda i: -errs[i])[:worst]
+        parts.append(f"by {what}: {over} of {len(errs)} over, worst "
+                     + ", ".join(f"{tag}{i} {errs[i]:.3g}" for i in top))
+    return "where     " + "; ".join(parts)
 
 
 def duration(seconds: float) -> str:

@@ -7,7 +7,7 @@ multiple of an untiled float32 attention's own error on the same inputs.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -38,6 +38,11 @@ class Comparison:
     err_p99: Optional[float] = None
     """Percentiles over the elements of ``|out - ref| / max|ref|``: how the error
     spreads, where ``max_rel_err`` is its largest element."""
+    by_head: Optional[List[float]] = None
+    """The normwise error of each query head (its ``d`` columns of every row)."""
+    by_row: Optional[List[float]] = None
+    """The normwise error of each query row (``T_q``; with a batch, its rows of every
+    batch entry)."""
 
     def to_json(self) -> Dict:
         return asdict(self)
@@ -62,7 +67,7 @@ def tolerance(cfg: Config, m_rounding: float) -> float:
 
 
 def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
-            control: Optional[np.ndarray] = None) -> Comparison:
+            control: Optional[np.ndarray] = None, heads: Optional[int] = None) -> Comparison:
     """Errors of ``out`` against the float64 ``ref``, and the verdict.
 
     ``max_rel_err`` is normwise: the largest absolute error over the largest
@@ -71,6 +76,8 @@ def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
     error of ``control``, an untiled float32 attention on the same inputs, so that a
     problem float32 cannot resolve (scores near -1e5, say) is judged by what float32
     can do on it. A non-finite output, or a non-finite reference, never passes.
+    With ``heads`` (``out`` is ``(B, T_q, heads*d)``), the error by query head and by
+    query row too, on the same scale.
     """
     out64 = np.asarray(out, dtype=np.float64)
     finite = bool(np.isfinite(out64).all() and np.isfinite(ref).all())
@@ -90,10 +97,16 @@ def compare(out: np.ndarray, ref: np.ndarray, tolerance: float,
             threshold = tolerance + CONTROL_FACTOR * control_rel
     p50, p99 = ((float(x) / norm for x in np.percentile(err, [50, 99]))
                 if finite and err.size else (None, None))
+    by_head = by_row = None
+    if heads and finite and err.ndim == 3 and err.size:
+        B, T, width = err.shape
+        by_head = (err.reshape(B, T, heads, width // heads).max(axis=(0, 1, 3)) / norm).tolist()
+        by_row = (err.max(axis=(0, 2)) / norm).tolist()
     return Comparison(max_abs_err=max_abs, max_rel_err=max_rel, tolerance=threshold,
                       floor=tolerance, control_rel_err=control_rel, finite=finite,
                       nonfinite=int(np.count_nonzero(~np.isfinite(out64))),
-                      passed=bool(finite and max_rel <= threshold), err_p50=p50, err_p99=p99)
+                      passed=bool(finite and max_rel <= threshold), err_p50=p50, err_p99=p99,
+                      by_head=by_head, by_row=by_row)
 
 
 def judge(cfg: Config, output: np.ndarray, m_rounding: float,
@@ -107,6 +120,7 @@ def judge(cfg: Config, output: np.ndarray, m_rounding: float,
     """
     out = output if cfg.batched else output[None]
     limit = tolerance(cfg, m_rounding)
+    h = cfg.heads_q
     if not modelled(cfg):
-        return compare(out, refs["ref"], limit, refs["control"]), None
-    return compare(out, refs["model"], limit), compare(out, refs["exact"], limit)
+        return compare(out, refs["ref"], limit, refs["control"], heads=h), None
+    return compare(out, refs["model"], limit, heads=h), compare(out, refs["exact"], limit)

@@ -40,6 +40,7 @@ are gqa_mpi's choices:
 """
 from __future__ import annotations
 
+import heapq
 import sys
 import time
 from contextlib import contextmanager, nullcontext
@@ -54,6 +55,8 @@ from .predict import Call
 BASE = 1 << 40
 """Distance between the base addresses of two tensors in a PE's memory."""
 MAX_NONFINITE = 5
+SCRATCH_TOP = 5
+"""Tensors named at the scratch high-water mark."""
 """Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
 DTYPES = dict(DSL, i32=np.dtype(np.int32), i1=np.dtype(np.bool_))
@@ -160,12 +163,14 @@ def _bad_count(a: np.ndarray) -> int:
 
 
 class Scope:
-    """One ``with tl.scratch_scope():`` block: its line, its live bytes, whether it ended."""
+    """One ``with tl.scratch_scope():`` block: its line, its live bytes, whether it
+    ended, and the tensors made in it (``[bytes, line, shape, dtype]``; the line is
+    looked up only for a tensor that raised the high-water mark)."""
 
-    __slots__ = ("line", "live", "ended")
+    __slots__ = ("line", "live", "ended", "made")
 
     def __init__(self, line: Optional[int]):
-        self.line, self.live, self.ended = line, 0, False
+        self.line, self.live, self.ended, self.made = line, 0, False, []
 
 
 def _values(a: np.ndarray) -> str:
@@ -192,7 +197,7 @@ class Tensor:
         self.a, self.tl, self.cell = a, tl, cell
         """``cell``: what the replay of ``--predict`` knows its values by (a view shares
         its base's; 0: made by no call that costs)."""
-        self.scope = tl.monitor.made(a.nbytes)
+        self.scope = tl.monitor.made(a)
 
     shape = property(lambda self: self.a.shape)
     dtype = property(lambda self: DType(dtype_name(self.a.dtype)))
@@ -309,6 +314,9 @@ class Counters:
     dot_flops: int = 0
     calls: int = 0
     scratch_peak: int = 0
+    scratch_top: List[Tuple[int, Optional[int], str]] = field(default_factory=list)
+    """The largest tensors alive at (within 1% of) the scratch high-water mark:
+    ``(bytes, line made, "shape dtype")``, at most :data:`SCRATCH_TOP`."""
     persistent: int = 0
     sent: Dict[str, List[int]] = field(default_factory=dict)
     """Direction -> [messages, bytes] sent."""
@@ -322,7 +330,8 @@ class Counters:
         larger high-water marks, the first non-finite origins."""
         for name in ("loaded_bytes", "stored_bytes", "dot_flops", "calls"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        self.scratch_peak = max(self.scratch_peak, other.scratch_peak)
+        if other.scratch_peak > self.scratch_peak:
+            self.scratch_peak, self.scratch_top = other.scratch_peak, other.scratch_top
         self.persistent = max(self.persistent, other.persistent)
         for mine, theirs in ((self.sent, other.sent), (self.received, other.received)):
             for d, (n, b) in theirs.items():
@@ -347,6 +356,8 @@ class Monitor:
         self.printed: List[str] = []
         """The lines of ``tl.device_print``, in this PE's program order."""
         self.live = 0
+        self.noted = 0
+        """The high-water mark at which :attr:`Counters.scratch_top` was taken."""
         self.rec = recorder if recorder is not None and recorder.events is not None else None
 
     def line(self) -> Optional[int]:
@@ -388,17 +399,30 @@ class Monitor:
                                    writes))
         return writes
 
-    def made(self, nbytes: int) -> Optional[Scope]:
-        """A tensor of ``nbytes`` was made: its scope (None: persistent)."""
+    def made(self, a: np.ndarray) -> Optional[Scope]:
+        """A tensor holding ``a`` was made: its scope (None: persistent). A new
+        high-water mark notes the tensor's line and, once it is 1% past the last one
+        noted, the largest tensors alive."""
         self.count.calls += 1
+        nbytes = a.nbytes
         if not self.scopes:
             self.count.persistent += nbytes
             return None
         scope = self.scopes[-1]
         scope.live += nbytes
         self.live += nbytes
-        if self.live > self.count.scratch_peak:
-            self.count.scratch_peak = self.live
+        entry = [nbytes, None, a.shape, a.dtype]
+        scope.made.append(entry)
+        c = self.count
+        if self.live > c.scratch_peak:
+            c.scratch_peak = self.live
+            entry[1] = self.line()
+            if self.live >= 1.01 * self.noted:
+                self.noted = self.live
+                alive = (e for sc in self.scopes for e in sc.made)
+                c.scratch_top = [(b, line, f"{tuple(shape)} {dtype_name(dt)}") for b, line,
+                                 shape, dt in heapq.nlargest(SCRATCH_TOP, alive,
+                                                             key=lambda e: e[0])]
             if self.rec is not None:
                 self.rec.counter("scratch", self.live)
         return scope

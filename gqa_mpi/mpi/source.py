@@ -144,6 +144,7 @@ class SourceStep(LocalStep):
                     v_rows=self.rows_read[1], loaded_bytes=c.loaded_bytes,
                     stored_bytes=c.stored_bytes, dot_flops=c.dot_flops, calls=c.calls,
                     scratch_peak=c.scratch_peak, persistent=c.persistent,
+                    scratch_top=[list(x) for x in c.scratch_top],
                     sent=c.sent, received=c.received,
                     nonfinite=[list(x) for x in c.nonfinite])
 
