@@ -17,6 +17,8 @@ import inspect
 import tokenize
 import os
 import runpy
+import sys
+import types
 from typing import Callable, Dict, List, Optional, Tuple
 
 BUILTIN = "builtin:"
@@ -88,15 +90,44 @@ def missing_calls(path: str) -> List[Tuple[str, int]]:
     return list(found.items())
 
 
+def _triton() -> Dict[str, types.ModuleType]:
+    """Stand-ins for ``triton`` and ``triton.language``, so that a Triton kernel file's
+    top (``import triton``, ``import triton.language as tl``, ``@triton.jit``,
+    ``BLOCK: tl.constexpr = 64``) runs as written: ``jit`` leaves the function as it
+    is, and ``triton.language`` has what a file's top level uses (``constexpr``, the
+    dtypes, ``cdiv``); inside the kernel, ``tl`` is the argument gqa_mpi passes."""
+    from .tl import Backend
+    language = types.ModuleType("triton.language")
+    for name in ("constexpr", "cdiv", "static_range", "float16", "float32", "bfloat16",
+                 "float8e4nv", "float8e5", "int32", "int1"):
+        setattr(language, name, getattr(Backend, name))
+    triton = types.ModuleType("triton")
+
+    def jit(fn=None, **options):
+        return fn if fn is not None else (lambda f: f)
+    triton.jit, triton.language, triton.cdiv = jit, language, Backend.cdiv
+    return {"triton": triton, "triton.language": language}
+
+
 def _load(spec: str, path: str, name: Optional[str]) -> Tuple[Callable, str]:
+    stand_ins = _triton()
+    saved = {k: sys.modules.get(k) for k in stand_ins}
+    sys.modules.update(stand_ins)
     try:
-        namespace = runpy.run_path(path, run_name="gqa_mpi_kernel_source")
+        namespace = runpy.run_path(path, init_globals={"tl": stand_ins["triton.language"]},
+                                   run_name="gqa_mpi_kernel_source")
     except SyntaxError as e:
         raise ValueError(f"--kernel-source {spec}: syntax error at {path}:{e.lineno}: "
                          f"{e.msg}") from None
     except BaseException as e:  # noqa: BLE001 - the file's own top level failed
         raise ValueError(f"--kernel-source {spec}: running {path} failed: "
                          f"{type(e).__name__}: {e}") from None
+    finally:
+        for k, module in saved.items():
+            if module is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = module
     if name is not None:
         fn = namespace.get(name)
         if not callable(fn):
