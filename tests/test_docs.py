@@ -175,3 +175,17 @@ def test_the_readme_install_gives_every_command_it_and_launch_show():
     scripts = " ".join(p.read_text() for p in (ROOT / "launch").iterdir())
     assert {"mpich", "test"} <= extras
     assert "study plot" not in scripts or "study" in extras
+
+
+def test_the_vocabulary_table_is_the_backends_own():
+    """docs/kernel-source.md's table is tl's VOCABULARY, row for row, and VOCABULARY
+    names every call of the backend's (the runner's own helpers aside)."""
+    from gqa_mpi.dsl.tl import CALLS, VOCABULARY, Backend
+    own = {n for n in dir(Backend) if not n.startswith("_")} - {"pointer", "region", "fault"}
+    assert own == CALLS
+    with open(os.path.join(ROOT, "docs", "kernel-source.md")) as f:
+        page = f.read()
+    for group, (names, cost) in VOCABULARY.items():
+        row = (f"| {group} | {' '.join(f'`{n}`' for n in names)} | "
+               f"{cost.replace('|', chr(92) + '|')} |")
+        assert row in page, row

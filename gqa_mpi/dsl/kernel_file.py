@@ -73,7 +73,7 @@ def load(spec: str) -> Tuple[Callable, str]:
 def missing_calls(path: str) -> List[Tuple[str, int]]:
     """Every ``tl.NAME`` of the file's code (not its comments or strings) that the
     backend lacks, with the first line it is on, in the order of the file."""
-    from .tl import Backend
+    from .tl import CALLS
     found: Dict[str, int] = {}
     try:
         with open(path, "rb") as f:
@@ -84,7 +84,7 @@ def missing_calls(path: str) -> List[Tuple[str, int]]:
     for a, dot, b, after in zip(tokens, tokens[1:], tokens[2:], tokens[3:] + [None]):
         if (a.type == tokenize.NAME and a.string == "tl" and dot.string == "."
                 and b.type == tokenize.NAME and not b.string.startswith("_")
-                and not hasattr(Backend, b.string)
+                and b.string not in CALLS
                 and not (after is not None and after.string == "=")):   # tl.x = ...: a
             found.setdefault(b.string, b.start[0])            # setattr, faulted as such
     return list(found.items())

@@ -994,6 +994,32 @@ ELEMENTWISE = {
 rule and NumPy's broadcasting), its result in the operands' dtype: a vector call,
 costed by its result's elements."""
 
+VOCABULARY = {
+    "program": (("program_id", "num_programs", "constexpr", "static_range", "range",
+                 "local_tokens"), "nothing"),
+    "dtypes": (("float16", "float32", "bfloat16", "float8e4nv", "float8e5", "int32", "int1"),
+               "nothing; the strings f16 f32 bf16 fp8e4m3 fp8e5m2 i32 i1 too"),
+    "creation": (("arange", "zeros", "full", "zeros_like", "full_like", "cast"),
+                 "vector, by result elements (x.to(dtype) is cast)"),
+    "views": (("reshape", "view", "expand_dims", "ravel"),
+              "nothing, as slices, x[:, None] and x[None, :]"),
+    "moves": (("trans", "permute", "broadcast_to", "join", "split"),
+              "vector, by result elements (x.T is trans)"),
+    "elementwise": (tuple(ELEMENTWISE) + ("cdiv",),
+                    "vector, by result elements, as the operators + - * / // % ** & | ^ ~ "
+                    "and the comparisons"),
+    "reductions": (("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax"),
+                   "vector, by operand elements"),
+    "matrix": (("dot",), "dot, 2*M*K*N flops"),
+    "memory": (("load", "store"), "mem, the bytes of the elements the mask lets through"),
+    "scratch": (("scratch_scope", "copy_to"), "nothing; copy_to vector, by dst's elements"),
+    "messages": (("send", "recv"), "send: its link; recv: call_s, then its message"),
+    "debug": (("device_print", "static_print", "static_assert", "device_assert"), "nothing"),
+}
+"""Every name a kernel may call on ``tl``, by group, with its cost class in ``--predict``
+(docs/kernel-source.md's table is this one); the start-up scan refuses the others."""
+CALLS = frozenset(name for names, _ in VOCABULARY.values() for name in names)
+
 for _name, _fn in ELEMENTWISE.items():
     setattr(Backend, _name, (lambda name, fn: lambda self, *xs: self._op(name, fn, *xs))(
         _name, _fn))
