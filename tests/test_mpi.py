@@ -449,6 +449,17 @@ def test_shipped_kernels_pass_on_every_grid(tmp_path, kernel, C, P, S):
         assert record["checks"][0]["max_rel_err"] < 2e-3                  # float16 O
 
 
+def test_a_kernel_calling_every_name_of_the_vocabulary_passes(tmp_path):
+    """tests/kernels/every_call.py uses every call of tl's VOCABULARY (test_tl holds it
+    to that) and computes attention; on 2 cubes of 8 PEs with bfloat16 memory it
+    passes the exact check."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "every_call.py")
+    code, record = run_source(2, 8, tmp_path, kernel_source=path, seq_len=3001, heads_q=8,
+                              heads_kv=2, head_dim=16, queries=2, kv_dtype="bfloat16")
+    if record is not None:
+        assert code == 0 and record["checks"][0]["passed"], record["checks"]
+
+
 @pytest.mark.parametrize("kernel,kv_dtype", [("prefetch", "bfloat16"),
                                              ("corrected", "float8_e4m3")])
 def test_narrow_memory_is_checked_against_the_values_it_holds(tmp_path, kernel, kv_dtype):

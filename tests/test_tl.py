@@ -521,3 +521,40 @@ def test_the_scratch_high_water_mark_names_its_largest_tensors_and_their_lines(t
     assert tl.count.scratch_peak == 64 * 8 * 4 + 32 + 64 * 8 * 2
     assert tl.count.scratch_top == [(2048, 5, "(64, 8) f32"), (1024, 7, "(64, 8) f16"),
                                     (32, 6, "(16,) f16")]
+
+
+def test_the_every_call_kernel_calls_every_name_of_the_vocabulary():
+    import os
+    import re
+    from gqa_mpi.dsl.tl import CALLS
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "every_call.py")
+    with open(path) as f:
+        used = set(re.findall(r"\btl\.(\w+)", f.read()))
+    assert CALLS <= used, sorted(CALLS - used)
+
+
+def test_a_triton_files_top_runs_as_written_against_stand_ins(tmp_path):
+    import sys
+    before = {name: sys.modules.get(name) for name in ("triton", "triton.language")}
+    fn, path = kernel_file(tmp_path, """
+        import triton
+        import triton.language as tl
+
+        SCALE: tl.constexpr = 2.0
+
+
+        @triton.jit(do_not_specialize=["T_q"])
+        def _twice(x, *, tl):
+            return x * SCALE
+
+
+        @triton.jit
+        def top_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl,
+                       BLOCK: tl.constexpr = 4, DT: tl.constexpr = tl.float32):
+            x = tl.full((BLOCK,), 1.0, DT)
+            tl.store(o, _twice(x, tl=tl))
+        """)
+    assert {name: sys.modules.get(name) for name in before} == before   # put back
+    tl = backend(source=path)
+    run_kernel(fn, tl, 1, 4, 1, 1, 8, 1, 1)
+    assert list(tl.region("O").data[0, :4]) == [2.0] * 4

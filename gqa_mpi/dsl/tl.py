@@ -625,7 +625,8 @@ class Backend:
     def device_print(self, prefix: str, *xs) -> None:
         """A line for rank 0 to print after the step, prefixed with this PE, in this PE's
         program order: ``prefix`` and each of ``xs`` (a tensor's values, or a number)."""
-        parts = [_values(x.a) if isinstance(x, Tensor) else repr(x) for x in xs]
+        parts = [_values(x.a) if isinstance(x, Tensor) else x if isinstance(x, str)
+                 else repr(x) for x in xs]
         self.monitor.printed.append(" ".join([str(prefix)] + parts))
 
     def static_print(self, *xs) -> None:
