@@ -30,7 +30,7 @@ def rank_bytes(cfg, tokens: int, root: bool) -> int:
     """
     B, T_q, d = cfg.B, cfg.queries, cfg.head_dim
     h_q, h_kv, G = cfg.heads_q, cfg.heads_kv, cfg.group
-    item = dict(FLOATS, **MEMORY)[cfg.kv_dtype].itemsize
+    item = (FLOATS.get(cfg.kv_dtype) or MEMORY[cfg.kv_dtype]).itemsize
     R = G * T_q
     width_kv = h_kv * d
     resident = 2 * B * (tokens + 16) * width_kv * item

@@ -95,7 +95,7 @@ def parse_size(text: str) -> int:
 KERNELS = ("auto", "fused", "numpy")
 """``--kernel`` choices, the local sweep: auto is fused where it loads, else numpy."""
 
-KV_DTYPES = tuple(dict(FLOATS, **MEMORY))
+KV_DTYPES = tuple(dict.fromkeys([*FLOATS, *MEMORY]))
 """What ``--kv-dtype`` takes: the emulation's :data:`gqa_mpi.step.dtypes.FLOATS`, a
 kernel's memory's :data:`~gqa_mpi.step.dtypes.MEMORY`."""
 

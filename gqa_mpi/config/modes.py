@@ -20,7 +20,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from ..step.dtypes import FLOATS, MEMORY, unit_roundoff
+from ..step.dtypes import FLOATS, MEMORY, UNIT_ROUNDOFF
 
 SOURCE_TOLERANCE = 1e-2
 """The check's floor for a ``--kernel-source`` run on float16 memory: the kernel's
@@ -155,7 +155,7 @@ class Source:
         """The kernel's own rule, not a wire's: :data:`SOURCE_TOLERANCE`, times the
         memory dtype's rounding over float16's (at most :data:`NARROW_SCALE_MAX`): 1e-2
         for float16, 8e-2 for bfloat16 and float8."""
-        scale = unit_roundoff(MEMORY[kv_dtype]) / unit_roundoff(MEMORY["float16"])
+        scale = UNIT_ROUNDOFF[kv_dtype] / UNIT_ROUNDOFF["float16"]
         return SOURCE_TOLERANCE * min(NARROW_SCALE_MAX, max(1.0, scale))
 
     @staticmethod

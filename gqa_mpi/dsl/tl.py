@@ -49,21 +49,23 @@ from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ..step.dtypes import DSL, DSL_NAMES, MEMORY, is_float
+from ..step.dtypes import DSL, DSL_NAMES, DSL_NARROW, NARROW, Dtypes, is_float
 from .predict import Call
 
 BASE = 1 << 40
 """Distance between the base addresses of two tensors in a PE's memory."""
 MAX_NONFINITE = 5
+"""Non-finite origins kept per PE."""
 SCRATCH_TOP = 5
 """Tensors named at the scratch high-water mark."""
-"""Non-finite origins kept per PE."""
 NUMBERS = (bool, int, float, np.integer, np.floating)
-DTYPES = dict(DSL, i32=np.dtype(np.int32), i1=np.dtype(np.bool_))
-MEMORY_DTYPES = frozenset(MEMORY.values())
-"""What memory may hold a tensor as (:data:`gqa_mpi.step.dtypes.MEMORY`)."""
+DTYPES = Dtypes({"f16": DSL["f16"], "f32": DSL["f32"], "i32": np.dtype(np.int32),
+                 "i1": np.dtype(np.bool_)}, DSL_NARROW)
 """The dtypes a kernel may name: memory's floats, and the ints and booleans of indices
-and masks."""
+and masks (bfloat16 and float8 resolved when first named)."""
+MEMORY_NAMES = frozenset(("float16", *NARROW.values()))
+"""NumPy's names of the dtypes memory may hold a tensor as
+(:data:`gqa_mpi.step.dtypes.MEMORY`)."""
 UNTRACED = nullcontext()
 REDUCTIONS = frozenset(("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax"))
 """Calls costed by their operand's elements; the other ops by their result's."""
@@ -79,7 +81,7 @@ def dtype_name(dt) -> str:
     """A dtype as a profile's rate table names it: ``f16``, ``f32``, ``i1`` for a
     comparison's booleans, else NumPy's name."""
     dt = np.dtype(dt)
-    return DSL_NAMES.get(dt) or ("i1" if dt == np.bool_ else "i32" if dt == np.int32
+    return DSL_NAMES.get(dt.name) or ("i1" if dt == np.bool_ else "i32" if dt == np.int32
                                  else dt.name)
 
 
@@ -485,8 +487,8 @@ class Backend:
         self.pe, self.cube, self.link, self.source = pe, cube, link, source
         self.regions: List[Region] = []
         for i, (name, data, row_bytes, first_row) in enumerate(regions):
-            data = np.ascontiguousarray(data, dtype=data.dtype if np.dtype(data.dtype) in
-                                        MEMORY_DTYPES else np.float16)
+            data = np.ascontiguousarray(data, dtype=data.dtype if np.dtype(data.dtype).name
+                                        in MEMORY_NAMES else np.float16)
             self.regions.append(Region(name, (i + 1) * BASE, data, row_bytes, first_row))
         self.monitor = Monitor(source, recorder, record)
         self.count = self.monitor.count
@@ -540,7 +542,7 @@ class Backend:
             dt = np.dtype(dtype)
         except TypeError:
             dt = None
-        if dt not in DTYPES.values():
+        if dt is None or dtype_name(dt) not in DTYPES:
             raise self.fault(call, f"tl.{call}: dtype must be one of {', '.join(DTYPES)}, "
                                    f"got {dtype!r}")
         return dt
