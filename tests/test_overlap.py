@@ -4,11 +4,10 @@ import json
 
 import pytest
 
-from gqa_mpi.dsl.predict import replay, trace_events
+from gqa_mpi.dsl.predict import trace_events
 from gqa_mpi.dsl.profile import from_dict
 
-from pes import run_pes
-from test_predict import TABLES, c, kernel
+from test_predict import TABLES, c, predicted
 
 OVERLAP = from_dict(dict(TABLES, pe=dict(TABLES["pe"], overlap=True)))
 L = 1e-7                                     # mem_latency_s; memory 1e11 B/s, vector 1e11/s
@@ -21,9 +20,7 @@ UNIT = from_dict(dict(name="unit", pe=dict(
 
 
 def replayed(tmp_path, body, profile=OVERLAP, **grid):
-    fn, path = kernel(tmp_path, body)
-    g, backends = run_pes(fn, path, **grid)
-    return replay({r: b.monitor.calls for r, b in backends.items()}, g, profile)
+    return predicted(tmp_path, body, profile, **grid)
 
 
 def test_a_load_overlaps_an_independent_dot(tmp_path):

@@ -30,10 +30,10 @@ def kernel(tmp_path, body):
     return load(str(path))
 
 
-def predicted(tmp_path, body, **grid):
+def predicted(tmp_path, body, profile=None, **grid):
     fn, path = kernel(tmp_path, body)
     g, backends = run_pes(fn, path, **grid)
-    return replay({r: b.monitor.calls for r, b in backends.items()}, g, PROFILE)
+    return replay({r: b.monitor.calls for r, b in backends.items()}, g, profile or PROFILE)
 
 
 def test_loads_only_cost_the_sum_of_their_loads(tmp_path):

@@ -214,8 +214,8 @@ class Engines(PE):
 
     @property
     def bound(self) -> str:
-        """The busiest of the PE's engines (its links counted as one)."""
-        return max(self.busy, key=lambda e: self.busy[e])
+        """The busiest of the PE's three engines (``dma``, ``matrix``, ``vector``)."""
+        return max(ENGINES.values(), key=lambda e: self.busy[e])
 
 
 @dataclass
