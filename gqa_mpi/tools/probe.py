@@ -20,8 +20,9 @@ the numbers); the profile takes the median over the ranks, each the best of
   with float16 ones, less ``call_s``: a table by dtype;
   ``pe.vector_elems_per_s``: the elements per second of the vector calls a tile of the
   corrected kernel makes most of, per result dtype: float32 (a ``(tile, d)`` slice
-  widened from float16, its transpose, an ``exp`` of the scores) and float16 (the same
-  slice narrowed, its transpose, the ``exp``), all their elements over all their time;
+  widened from float16, its transpose, an ``exp`` of the scores, the scores less their
+  row maxima, a row broadcast) and float16 (the same slice narrowed, its transpose, the
+  ``exp``, the broadcast), all their elements over all their time;
 - ``pe.scratch_bytes``: the core's L2 cache, where the system says;
 - ``noc`` and ``inter``: half the round trip of a ping-pong between ranks 0 and 1 on
   the cube's communicator (``intra_E``) and on the inter-cube one (``E``): 8 bytes for
@@ -109,9 +110,10 @@ def backend_rates(repeats: int, G: int = 8, d: int = 128, tile: int = 1024) -> D
         dot = best(lambda: tl.dot(q, kt), repeats, 50)
         dots[dt] = 2 * G * d * tile / max(dot - call, 1e-12)
         scores = tl.full((G, tile), -1.0, dt)
+        row = tl.full((G,), 0.5, dt)
         other = k16 if dt == "f32" else k32          # widened to f32, or narrowed to f16
         ops = [(lambda: tl.cast(other, dt), tile * d), (lambda: tl.trans(k), tile * d),
-               (lambda: tl.exp(scores), G * tile)]
+               (lambda: tl.exp(scores), G * tile), (lambda: scores - row, G * tile)]
         seconds = sum(max(best(fn, repeats, 20) - call, 1e-12) for fn, _ in ops)
         vectors[dt] = sum(n for _, n in ops) / seconds
     return dict(call_s=call, dot_flops_per_s=dots, vector_elems_per_s=vectors)
