@@ -292,3 +292,14 @@ def test_the_numerics_line_names_each_rank_once(capsys, tmp_path):
     code, out, err = run_here(capsys, "--kernel-source", kernel(tmp_path, body), "--seq-len",
                               64, *SMALL, "--no-check")
     assert "numerics  inf or NaN first made by tl.exp at line 4 on rank(s) 0\n" in out, out
+
+
+@pytest.mark.launch
+def test_narrow_memory_runs_end_to_end_and_the_report_says_what_memory_holds():
+    proc = launch(2, ["--kernel-source", "builtin:corrected", "--kv-dtype", "float8_e4m3",
+                      "--seq-len", 500] + SMALL)
+    assert proc.returncode == 0, proc.stderr
+    assert "(memory: K and V float8_e4m3, Q and O float16)" in line(proc, "kernel")
+    check = line(proc, "check")
+    assert "tolerance 0.08" in check and "float8_e4m3 values" in check and check.endswith(
+        "PASSED")

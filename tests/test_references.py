@@ -148,6 +148,10 @@ SUITE_PROBLEMS = [   # problems of the MPI suite and the command-line tests
     dict(seq_len=5003, heads_q=8, heads_kv=1, head_dim=128, kernel_source="k.py",
          check_against="kernel-model"),
     dict(seq_len=3001, heads_q=8, heads_kv=2, head_dim=16, kernel_source="k.py"),
+    dict(seq_len=3001, heads_q=8, heads_kv=2, head_dim=16, kernel_source="k.py",
+         kv_dtype="bfloat16"),
+    dict(seq_len=3001, heads_q=8, heads_kv=2, head_dim=16, kernel_source="k.py",
+         kv_dtype="float8_e4m3"),
 ]
 
 
@@ -167,10 +171,10 @@ def test_the_streamed_check_matches_the_in_memory_one(kw, monkeypatch):
     # chunks and pieces far smaller than the cache, so that many are merged
     monkeypatch.setattr(streamed, "CHUNK_BYTES", 1 << 20)
     monkeypatch.setattr(streamed, "SUB_BYTES", 1 << 18)
-    held = cfg.kv_dtype == "float16"
     got = references(MPI.COMM_SELF, cfg, q, cfg.seq_len, n_tokens=loop.final_len(cfg))
-    if held:
-        k, v = (x.astype(np.float16) for x in (k, v))
+    if cfg.kv_dtype != "float32":            # the values the ranks' memory holds
+        from gqa_mpi.step.dtypes import MEMORY
+        k, v = (x.astype(MEMORY[cfg.kv_dtype]).astype(np.float64) for x in (k, v))
     if cfg.check_against == "kernel-model":
         pairs = [(got["model"], spec_kernel_model(q, k[0], v[0], h_kv=cfg.heads_kv,
                                                   n=cfg.n_ranks, tile=cfg.tile)),
