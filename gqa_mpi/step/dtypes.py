@@ -29,6 +29,9 @@ class Dtypes(Mapping):
         self._eager[name] = np.dtype(getattr(ml_dtypes, self._narrow[name]))
         return self._eager[name]
 
+    def __contains__(self, name) -> bool:
+        return name in self._names            # without importing ml_dtypes
+
     def __iter__(self) -> Iterator[str]:
         return iter(self._names)
 
