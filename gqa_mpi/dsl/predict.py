@@ -132,8 +132,8 @@ class Engines(PE):
     of its issue and its message's arrival; the sequencer does not wait for it."""
 
     issued: int = 0
-    busy: Dict[str, float] = field(default_factory=lambda: dict.fromkeys(
-        ("dma", "matrix", "vector", "link"), 0.0))
+    link_s: float = 0.0
+    """Its links' busy time (its sends'; ``send_s`` also has its recvs' ``call_s``)."""
     engine_of: List[str] = field(default_factory=list)
     """The engine (or ``link``) each call ran on."""
     why: List[Tuple[str, object]] = field(default_factory=list)
@@ -173,7 +173,6 @@ class Engines(PE):
              writes: Optional[int], engine: str) -> None:
         self.spans.append((start, end))
         self.engine_of.append(engine)
-        self.busy[engine] += end - start if engine != "link" else 0.0
         for c in reads:
             if end >= self.touched.get(c, (0.0, -1))[0]:
                 self.touched[c] = (end, i)
@@ -199,7 +198,7 @@ class Engines(PE):
         start = self._start(self._issue(), call.reads, (free, link_last))
         sent = start + call.amount / bytes_per_s
         self.split["send_s"] += sent - start
-        self.busy["link"] += sent - start
+        self.link_s += sent - start
         self._end(i, start, sent, call.reads, None, "link")
         return sent
 
@@ -211,6 +210,11 @@ class Engines(PE):
         self.split["wait_s"] += ready - issue
         self.recvs.append((i, m, ready - issue))
         self._end(i, issue, ready, (), call.writes, "link")
+
+    @property
+    def busy(self) -> Dict[str, float]:
+        """Each engine's busy time, and the links'."""
+        return dict({e: self.split[BUCKETS[k]] for k, e in ENGINES.items()}, link=self.link_s)
 
     @property
     def bound(self) -> str:

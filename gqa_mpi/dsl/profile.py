@@ -243,6 +243,7 @@ def to_toml(p: Profile, comments: Dict[str, str] = None) -> str:
             text = ("{" + ", ".join(f"{k} = {v:.9g}" for k, v in value.items()) + "}"
                     if isinstance(value, dict) else f"{value:.9g}")
             lines.append(f"{field:<19}= {text:<14} # {note}")
-        if table == "pe" and p.overlap:
-            lines.append(f"{'overlap':<19}= {'true':<14} # {SWITCHES['pe']['overlap']}")
+        for field, what in SWITCHES.get(table, {}).items():
+            if getattr(p, field):
+                lines.append(f"{field:<19}= {'true':<14} # {what}")
     return "\n".join(lines) + "\n"

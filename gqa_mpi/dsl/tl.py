@@ -17,13 +17,14 @@ SPEC.md's ``tl`` table is the contract; where the kernel's framework is silent t
 are gqa_mpi's choices:
 
 - **memory**: each tensor (Q, this PE's K and V slices, O) is a byte buffer at a base
-  address of its own, in its dtype (Q and O float16, K and V ``--kv-dtype``'s; the
-  pointers say which: :class:`Pointer`) (:data:`BASE` apart, so that no overrun reaches another
-  tensor); ``tl.load``/``tl.store`` must stay inside the tensor their pointer is in.
+  address of its own (:data:`BASE` apart, so that no overrun reaches another tensor),
+  in its dtype (Q and O float16, K and V ``--kv-dtype``'s; the pointers say which:
+  :class:`Pointer`); ``tl.load``/``tl.store`` must stay inside the tensor their
+  pointer is in.
   A load reads the memory as it is at the call (a later store never reaches it).
 - **arithmetic**: an op on float16 operands gives float16 (NumPy computes each op and
-  rounds once; on bfloat16 and float8, ml_dtypes computes in float32 and rounds once); a Python number keeps the tensor's dtype; mixed dtypes promote as
-  NumPy does. ``tl.dot`` and ``tl.sum`` accumulate in float32 and round once.
+  rounds once; on bfloat16 and float8, ml_dtypes computes in float32 and rounds once);
+  a Python number keeps the tensor's dtype; mixed dtypes promote as NumPy does. ``tl.dot`` and ``tl.sum`` accumulate in float32 and round once.
 - **row broadcasting**: an ``(M,)`` operand of a call that also has an ``(M, N)`` one
   is taken as ``(M, 1)`` (row ``i`` uses element ``i``), as in ``scores - m_local``,
   for every call: arithmetic, comparisons, ``maximum``/``minimum`` and ``where``.
@@ -67,9 +68,10 @@ MEMORY_NAMES = frozenset(("float16", *NARROW.values()))
 """NumPy's names of the dtypes memory may hold a tensor as
 (:data:`gqa_mpi.step.dtypes.MEMORY`)."""
 UNTRACED = nullcontext()
-REDUCTIONS = frozenset(("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax"))
+REDUCTIONS = ("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax")
 """Calls costed by their operand's elements; the other ops by their result's."""
-FREE = frozenset(("[]", "reshape", "view", "expand_dims", "ravel"))
+VIEWS = ("reshape", "view", "expand_dims", "ravel")
+FREE = ("[]",) + VIEWS
 """Calls that cost nothing in SPEC's model (a view of the same elements)."""
 MAKES_NONFINITE = frozenset(("+", "-", "*", "/", "exp", "log", "dot", "sum", "cast", "exp2",
                              "log2", "sqrt", "rsqrt", "**", "fma", "//", "%", "cumsum"))
@@ -354,6 +356,7 @@ class Monitor:
         self.calls: Optional[List[Call]] = [] if record else None
         """With ``record``: each call that has a cost, a :class:`~gqa_mpi.dsl.predict.Call`."""
         self.cells = 0
+        """The cells handed out so far (:meth:`call`'s ``makes``)."""
         self.scopes: List[Scope] = []
         self.printed: List[str] = []
         """The lines of ``tl.device_print``, in this PE's program order."""
@@ -371,18 +374,16 @@ class Monitor:
             f = f.f_back
         return None
 
-    def cell(self) -> int:
-        """A new cell, for the values a call makes."""
-        self.cells += 1
-        return self.cells
-
     def call(self, name: str, kind: str, amount: float, direction: Optional[str] = None,
-             dtype: Optional[np.dtype] = None, reads=(), writes: Optional[int] = None
-             ) -> Optional[int]:
+             dtype: Optional[np.dtype] = None, reads=(), makes: bool = False) -> int:
         """A call that has a cost: counted for the report (its bytes, flops, messages),
         and kept for the replay of ``--predict`` when recording, with the dtype its
-        rate is looked up by (:func:`dtype_name`), the tensors it reads and the cell
-        it writes. Returns ``writes``."""
+        rate is looked up by (:func:`dtype_name`) and the tensors it reads. With
+        ``makes``, the values it makes get a new cell, which is returned (0 without)."""
+        writes = None
+        if makes:
+            self.cells += 1
+            writes = self.cells
         c = self.count
         if kind == "mem":
             if name == "load":
@@ -399,7 +400,7 @@ class Monitor:
                                    None if dtype is None else dtype_name(dtype),
                                    tuple(x.cell for x in reads if isinstance(x, Tensor)),
                                    writes))
-        return writes
+        return writes or 0
 
     def made(self, a: np.ndarray) -> Optional[Scope]:
         """A tensor holding ``a`` was made: its scope (None: persistent). A new
@@ -576,16 +577,18 @@ class Backend:
                     if "broadcast" in str(e) else f"tl.{name}: {e}")
             raise self.fault(name, what) from None
         out = np.asarray(out)
-        m = self.monitor
         if name in FREE:                     # a view: its base's values
             cell = operands[0].cell
-        elif name in REDUCTIONS:
-            cell = m.call(name, "vec", np.size(arrays[0]), dtype=np.result_type(arrays[0]),
-                          reads=operands, writes=m.cell())
-        else:
-            cell = m.call(name, "vec", out.size, dtype=out.dtype, reads=operands,
-                          writes=m.cell())
+        else:                                # a reduction costs its operand's elements
+            priced = np.asarray(arrays[0]) if name in REDUCTIONS else out
+            cell = self.monitor.call(name, "vec", priced.size, dtype=priced.dtype,
+                                     reads=operands, makes=True)
         return self._tensor(out, name, arrays, cell)
+
+    def _block(self, name: str, out: np.ndarray) -> Tensor:
+        """A block made from nothing the kernel holds (arange, zeros, full)."""
+        return Tensor(out, self, self.monitor.call(name, "vec", out.size, dtype=out.dtype,
+                                                   makes=True))
 
     def _held(self, ptr) -> np.dtype:
         """The dtype memory holds at ``ptr`` (an address, or an int tensor's first),
@@ -682,7 +685,7 @@ class Backend:
                 # a view: the store that follows into this region copies the region first
                 a = r.data.reshape(-1).view(np.uint8)[off:off + nbytes].view(dt).reshape(shape)
             r.lent = True
-            cell = self.monitor.call("load", "mem", nbytes, writes=self.monitor.cell())
+            cell = self.monitor.call("load", "mem", nbytes, makes=True)
             if r.row_bytes:
                 r.read.append((off, off + nbytes))
             return Tensor(a, self, cell)
@@ -697,13 +700,13 @@ class Backend:
                     r.read += [(int(x) * r.row_bytes, (int(x) + 1) * r.row_bytes)
                                for x in np.unique(offs // r.row_bytes)]
         out[m] = read
-        cell = self.monitor.call("load", "mem", int(m.sum()) * dt.itemsize, reads=(ptr, mask),
-                                 writes=self.monitor.cell())
+        cell = self.monitor.call("load", "mem", int(m.sum()) * dt.itemsize,
+                                 reads=(ptr, mask), makes=True)
         return Tensor(out, self, cell)
 
     def store(self, ptr, x: Tensor, mask=None) -> None:
         """``x``'s elements, contiguous from ``ptr`` (or one at each address of an int
-        tensor ``ptr``: a scatter), in the dtype of the tensor there, float16; where
+        tensor ``ptr``: a scatter), rounded to the dtype of the tensor there; where
         ``mask`` is false nothing is written."""
         if mask is None and not isinstance(ptr, Tensor):
             a = np.asarray(self._array(x, "store"), dtype=self._held(ptr)).ravel()
@@ -797,7 +800,7 @@ class Backend:
             out = out.astype(out_dt, copy=False)
         flops = 2 * x.shape[0] * x.shape[1] * y.shape[1]
         cell = self.monitor.call("dot", "dot", flops, dtype=x.dtype, reads=(a, b),
-                                 writes=self.monitor.cell())
+                                 makes=True)
         return self._tensor(out, "dot", (x, y), cell)
 
     def sum(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
@@ -864,10 +867,7 @@ class Backend:
 
     def arange(self, start: int, end: int) -> Tensor:
         """``start .. end - 1`` as int32."""
-        out = np.arange(start, end, dtype=np.int32)
-        cell = self.monitor.call("arange", "vec", out.size, dtype=out.dtype,
-                                 writes=self.monitor.cell())
-        return Tensor(out, self, cell)
+        return self._block("arange", np.arange(start, end, dtype=np.int32))
 
     def zeros_like(self, x: Tensor) -> Tensor:
         return self._op("zeros_like", np.zeros_like, x)
@@ -909,10 +909,7 @@ class Backend:
 
     def zeros(self, shape, dtype="f32") -> Tensor:
         shape, dt = self._sh(shape, "zeros"), self._dt(dtype, "zeros")
-        out = np.zeros(shape, dt)
-        cell = self.monitor.call("zeros", "vec", out.size, dtype=out.dtype,
-                                 writes=self.monitor.cell())
-        return Tensor(out, self, cell)
+        return self._block("zeros", np.zeros(shape, dt))
 
     def full(self, shape, value, dtype="f32") -> Tensor:
         """A constant block: the value asked for, infinities included, is no origin of
@@ -921,10 +918,7 @@ class Backend:
         if not isinstance(value, NUMBERS):
             raise self.fault("full", f"tl.full: the value is a {type(value).__name__}, "
                                      f"not a number")
-        out = np.full(shape, value, dt)
-        cell = self.monitor.call("full", "vec", out.size, dtype=out.dtype,
-                                 writes=self.monitor.cell())
-        return Tensor(out, self, cell)
+        return self._block("full", np.full(shape, value, dt))
 
     def copy_to(self, dst: Tensor, src) -> None:
         """Overwrite ``dst``'s values with ``src``'s (same shape), in ``dst``'s dtype."""
@@ -939,7 +933,7 @@ class Backend:
             # are views, and a tensor viewing dst keeps the values it was made with
             dst.a = np.array(a, dtype=dst.a.dtype)
         dst.cell = self.monitor.call("copy_to", "vec", dst.a.size, dtype=dst.a.dtype,
-                                     reads=(src, dst), writes=self.monitor.cell())
+                                     reads=(src, dst), makes=True)
 
     def send(self, dir: str, src: Tensor) -> None:  # noqa: A002 (the kernel's keyword)
         """``src``'s elements as they are now, in its dtype, to the neighbour ``dir``."""
@@ -959,7 +953,7 @@ class Backend:
                           bytes=nbytes):
             raw = self.link.recv(dir, nbytes, self.monitor.line,
                                  f"shape {shape} {dtype_name(dt)}")
-        cell = self.monitor.call("recv", "recv", nbytes, dir, writes=self.monitor.cell())
+        cell = self.monitor.call("recv", "recv", nbytes, dir, makes=True)
         return Tensor(np.frombuffer(raw, dtype=dt).reshape(shape).copy(), self, cell)
 
     def _need_link(self, call: str) -> None:
@@ -1004,15 +998,13 @@ VOCABULARY = {
                "nothing; the strings f16 f32 bf16 fp8e4m3 fp8e5m2 i32 i1 too"),
     "creation": (("arange", "zeros", "full", "zeros_like", "full_like", "cast"),
                  "vector, by result elements (x.to(dtype) is cast)"),
-    "views": (("reshape", "view", "expand_dims", "ravel"),
-              "nothing, as slices, x[:, None] and x[None, :]"),
+    "views": (VIEWS, "nothing, as slices, x[:, None] and x[None, :]"),
     "moves": (("trans", "permute", "broadcast_to", "join", "split"),
               "vector, by result elements (x.T is trans)"),
     "elementwise": (tuple(ELEMENTWISE) + ("cdiv",),
                     "vector, by result elements, as the operators + - * / // % ** & | ^ ~ "
                     "and the comparisons"),
-    "reductions": (("sum", "max", "min", "argmax", "argmin", "cumsum", "softmax"),
-                   "vector, by operand elements"),
+    "reductions": (REDUCTIONS, "vector, by operand elements"),
     "matrix": (("dot",), "dot, 2*M*K*N flops"),
     "memory": (("load", "store"), "mem, the bytes of the elements the mask lets through"),
     "scratch": (("scratch_scope", "copy_to"), "nothing; copy_to vector, by dst's elements"),
