@@ -27,7 +27,7 @@ from ..config.modes import mode_of  # noqa: E402
 from ..config.inputs import InputError, inspect_inputs  # noqa: E402
 from ..dsl.profile import load as load_profile  # noqa: E402
 from ..exits import SIGNAL, Exit, describe  # noqa: E402
-from ..mpi import faults, watchdog  # noqa: E402
+from ..mpi import faults, inprocess, watchdog  # noqa: E402
 from ..mpi.tl_link import KernelExit  # noqa: E402
 from . import sizing  # noqa: E402
 from .options import add_arguments  # noqa: E402
@@ -79,13 +79,15 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that raises instead of exiting, and prints on rank 0 only."""
+    """argparse that raises instead of exiting, and prints where ``speaks`` (rank 0)."""
+
+    speaks = True
 
     def error(self, message):
         raise UsageError(message)
 
     def _print_message(self, message, file=None):
-        if collective.world().rank == 0:
+        if self.speaks:
             super()._print_message(message, file)
 
 
@@ -106,12 +108,24 @@ class _Retired(argparse.Action):
         raise UsageError(RETIRED[option_string])
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The command line: one option per :class:`~gqa_mpi.config.config.Config` field."""
+IN_PROCESS = "--in-process"
+
+
+def build_parser(speaks: bool = True) -> argparse.ArgumentParser:
+    """The command line: one option per :class:`~gqa_mpi.config.config.Config` field,
+    and how the ranks run (``--in-process``). ``speaks``: this rank prints help."""
     p = _Parser(prog="python -m gqa_mpi", description=DESCRIPTION, epilog=EPILOG,
                 usage="mpirun -n N python -m gqa_mpi [options]",
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.speaks = speaks
     p.add_argument("--version", action="version", version=f"gqa_mpi {__version__}")
+    p.add_argument(IN_PROCESS, action="store_true", default=argparse.SUPPRESS, help=(
+        "run every PE as a thread of this one process, without mpirun or MPI: C x P "
+        "threads (--cubes, default 2, times --pes, default a full cube of --grid), "
+        "their links in-process queues, so that breakpoint() in a --kernel-source "
+        "file stops in the debugger. The report, record, check, faults and "
+        "prediction are those of the MPI run of the same grid, O bit for bit; the "
+        "times are of threads that share one interpreter"))
     add_arguments(p, common_first=True)
     for flag in RETIRED:
         p.add_argument(flag, action=_Retired)
@@ -158,7 +172,8 @@ def _output_checks(cfg: Config) -> Optional[str]:
 
 def configure(comm, argv: Optional[List[str]]) -> Config:
     """Parse, check and agree on the configuration; raise UsageError on every rank."""
-    given = vars(build_parser().parse_args(argv))     # only the options on the line
+    given = vars(build_parser(comm.rank == 0).parse_args(argv))   # the options given
+    given.pop("in_process", None)                # how the ranks run, not what they do
     try:
         faults.check()
     except ValueError as e:
@@ -232,11 +247,52 @@ def _memory_verdict(comm, cfg, limit, mine):
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m gqa_mpi`` and ``gqa-mpi``; returns the exit code."""
+    if IN_PROCESS in (sys.argv[1:] if argv is None else argv):
+        return in_process(argv)
     why = launch_check.initialize()
     if why:
         launch_check.refuse(why)
         return Exit.USAGE
-    comm = collective.world()
+    return rank_main(collective.world(), argv)
+
+
+def in_process(argv: Optional[List[str]]) -> int:
+    """``--in-process``: :func:`rank_main` on a thread per PE of this process."""
+    try:
+        given = vars(build_parser().parse_args(argv))
+        size = _in_process_size(given)
+    except UsageError as e:
+        if launch_check.speaks(launch_check.launch()):
+            print(f"gqa_mpi: error: {e}", file=sys.stderr, flush=True)
+        return Exit.USAGE
+    return inprocess.main(size, rank_main, argv)
+
+
+def _in_process_size(given: dict) -> int:
+    """C x P of ``--in-process``: --cubes (2) times --pes (a full cube of --grid);
+    refused under a launcher, which would start a whole run in every process."""
+    got = launch_check.launch()
+    if got is not None and got.size > 1:
+        raise UsageError(f"{IN_PROCESS} runs every PE in this one process, but "
+                         f"{got.launcher} started {got.size} of them: run it without "
+                         f"the launcher (python -m gqa_mpi {IN_PROCESS} ...)")
+    rows, cols = given.get("grid", Config.grid)
+    cubes, pes = given.get("cubes") or 2, given.get("pes") or rows * cols
+    if cubes < 1 or pes < 1:
+        raise UsageError(f"--cubes {cubes} x --pes {pes}: both must be at least 1")
+    if cubes * pes > MAX_THREADS:
+        raise UsageError(f"{IN_PROCESS} with --cubes {cubes} x --pes {pes} = "
+                         f"{cubes * pes} threads: at most {MAX_THREADS} run in one "
+                         f"process; run larger grids on MPI (mpirun -n {cubes * pes})")
+    return cubes * pes
+
+
+MAX_THREADS = 1024
+"""The most PEs ``--in-process`` runs as threads of one process."""
+
+
+def rank_main(comm, argv: Optional[List[str]]) -> int:
+    """One rank's run of the command line on ``comm``; its exit code."""
     seconds = watchdog.early_timeout(argv)
     if seconds:
         watchdog.arm(comm, seconds)   # covers configuration, the run and shut-down

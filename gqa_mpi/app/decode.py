@@ -36,7 +36,7 @@ from ..mpi.step import Rank
 from ..mpi.topology import Topology
 from .outputs import write_json
 from ..dsl.predict import predict_steps, trace_events
-from ..mpi import collective
+from ..mpi import collective, inprocess
 from ..mpi.collective import agree, agree_on, fingerprint
 from ..step.trace import chrome_trace
 from .record import RankStats, RunRecord, host_state
@@ -159,8 +159,8 @@ class Decoder:
     """
 
     def __init__(self, q, k, v, config: Optional[Config] = None, *, comm=None, **options):
-        world = collective.world()     # MPI initialised here where nobody has yet
-        comm = world if comm is None else comm
+        if comm is None:
+            comm = collective.world()     # MPI initialised here where nobody has yet
         timeout = options.get("timeout", getattr(config, "timeout", None))
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
                 and 0 < timeout < float("inf"):
@@ -350,7 +350,7 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
     rank.finish()
     traffic = rank.traffic
     start, stop = cfg.tokens(topo.rank)
-    mine = RankStats(rank=topo.rank, host=collective.host_name(),
+    mine = RankStats(rank=topo.rank, host=collective.host_name(topo.comm),
                      place=topo.place.describe(), start=start, stop=stop,
                      kernel=rank.local.name, source=rank.local.stats(),
                      timings=rank.recorder.timings, messages=traffic.messages,
@@ -368,7 +368,8 @@ def gather_record(cfg: Config, topo: Topology, rank: Rank, output_nonfinite: int
         record = RunRecord(config=cfg, ranks=stats, isa=rank.local.isa,
                            kernel_note=rank.local.note, kernel_source=rank.local.source,
                            output_nonfinite=output_nonfinite,
-                           mpi_library=collective.library_version(),
+                           mpi_library=collective.library_version(topo.comm),
+                           in_process=inprocess.owns(topo.comm),
                            created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         replayed = None
         if calls is not None:

@@ -158,6 +158,9 @@ class RunRecord:
     """Checks against the kernel model: how far the kernel's arithmetic lands from
     exact attention."""
     mpi_library: str = ""
+    """The first line of the MPI library's version, or what ran the ranks in process."""
+    in_process: bool = False
+    """The ranks were threads of one process (``--in-process``), not MPI processes."""
     version: str = __version__
     created: str = ""
     written: Dict[str, str] = field(default_factory=dict)
@@ -287,6 +290,7 @@ class RunRecord:
                     vs_exact=None if self.vs_exact is None else self.vs_exact.to_json(),
                     isa=self.isa, kernel_note=self.kernel_note,
                     kernel_source=self.kernel_source, predicted=self.predicted,
+                    in_process=self.in_process,
                     output_nonfinite=self.output_nonfinite,
                     inputs_checked_finite=self.inputs_checked_finite,
                     written=self.written, crowded=self.crowded,

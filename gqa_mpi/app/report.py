@@ -30,7 +30,12 @@ def format_report(record: RunRecord) -> str:
     if blind > 0:
         lines.append(f"note      --causal with T_q={c.queries} > S_kv={c.seq_len}: the first "
                      f"{blind} queries see no key, and their rows of O are zero")
-    for h in record.crowded:
+    if record.in_process:
+        lines.append(f"note      in process: the {len(record.ranks)} PEs are threads of one "
+                     f"process (no MPI) and share its interpreter: the times below are "
+                     f"not those of ranks on cores of their own; the results are not "
+                     f"affected")
+    for h in ([] if record.in_process else record.crowded):
         lines.append(f"note      {h['host']}: {h['ranks']} rank(s) on {h['cores']} core(s)"
                      + (f", already busy at the start (load {h['load']:.1f})"
                         if h["busy"] else "")

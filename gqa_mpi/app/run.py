@@ -80,7 +80,7 @@ def run(comm, cfg: Config) -> Exit:
         write_error = not outputs.write_all(cfg.output, output, cfg.trace, trace, cfg.json,
                                             record.to_json())
         if not cfg.quiet:
-            if comm.size == 1:
+            if comm.size == 1 and not record.in_process:
                 print("note      one MPI rank, so C = P = 1; for 2 cubes x 8 PEs run "
                       "`mpirun -n 16 python -m gqa_mpi`")
             print(report.format_report(record), flush=True)

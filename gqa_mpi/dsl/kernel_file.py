@@ -18,6 +18,7 @@ import tokenize
 import os
 import runpy
 import sys
+import threading
 import types
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -28,6 +29,7 @@ POSITIONAL = 11
 """``q_ptr, k_ptr, v_ptr, o_ptr, T_q, S_kv, h_q, h_kv, d_head, C, P``."""
 
 _loaded: Dict[Tuple[str, Optional[str], float], Tuple[Callable, str]] = {}
+_loading = threading.Lock()
 
 
 def resolve(spec: str) -> Tuple[str, Optional[str]]:
@@ -51,7 +53,8 @@ def builtins() -> list:
 
 def load(spec: str) -> Tuple[Callable, str]:
     """The kernel function and its file, loaded once per process (its top-level code
-    runs once); ValueError with one line otherwise."""
+    runs once, and PEs that are threads of one process share its module); ValueError
+    with one line otherwise."""
     path, name = resolve(spec)
     if not os.path.isfile(path):
         if spec.startswith(BUILTIN):
@@ -60,14 +63,15 @@ def load(spec: str) -> Tuple[Callable, str]:
                              f"{', '.join(builtins())})")
         raise ValueError(f"--kernel-source {spec}: no such file {path}")
     key = (path, name, os.path.getmtime(path))
-    if key not in _loaded:
-        lacking = missing_calls(path)
-        if lacking:
-            shown = spec.rsplit(":", 1)[0] if name else spec
-            raise ValueError(f"kernel {shown} uses calls gqa_mpi's tl does not have: "
-                             + ", ".join(f"tl.{n} (line {line})" for n, line in lacking))
-        _loaded[key] = _load(spec, path, name)
-    return _loaded[key]
+    with _loading:                # PEs in process: one loads it, the others share it
+        if key not in _loaded:
+            lacking = missing_calls(path)
+            if lacking:
+                shown = spec.rsplit(":", 1)[0] if name else spec
+                raise ValueError(f"kernel {shown} uses calls gqa_mpi's tl does not have: "
+                                 + ", ".join(f"tl.{n} (line {line})" for n, line in lacking))
+            _loaded[key] = _load(spec, path, name)
+        return _loaded[key]
 
 
 def missing_calls(path: str) -> List[Tuple[str, int]]:

@@ -8,6 +8,7 @@ watchdog (:mod:`gqa_mpi.mpi.watchdog`), so a rank that never comes is named.
 """
 from __future__ import annotations
 
+import socket
 import time
 import zlib
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -16,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from ..config import inputs
-from . import watchdog
+from . import inprocess, watchdog
 
 FOLD_TAG = 0x6368
 """Tag of the check's shares sent to the root."""
@@ -30,12 +31,15 @@ def world() -> MPI.Comm:
     return MPI.COMM_WORLD
 
 
-def host_name() -> str:
-    return MPI.Get_processor_name()
+def host_name(comm) -> str:
+    """The name of this rank's host."""
+    return socket.gethostname() if inprocess.owns(comm) else MPI.Get_processor_name()
 
 
-def library_version() -> str:
-    """The first line of the MPI library's own version string."""
+def library_version(comm) -> str:
+    """The first line of the MPI library's own version string (what runs the ranks)."""
+    if inprocess.owns(comm):
+        return inprocess.LIBRARY
     return MPI.Get_library_version().strip().splitlines()[0].strip()
 
 
@@ -126,7 +130,7 @@ def per_host(comm: MPI.Comm, mine: int) -> Optional[Tuple[str, int, int]]:
     each host; None on the others. Hosts are told apart by name:
     ``Split_type(COMM_TYPE_SHARED)`` crashes Open MPI 4.1 over the tcp transport alone
     (seen with two network namespaces of one host)."""
-    names = everyone(comm, host_name(), "every rank (host names)")
+    names = everyone(comm, host_name(comm), "every rank (host names)")
     node = comm.Split(names.index(names[comm.rank]), comm.rank)
     try:
         total = node.allreduce(mine)

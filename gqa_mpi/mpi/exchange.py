@@ -27,6 +27,7 @@ from ..step.schedules import Schedule, Step, Traffic
 from ..step.trace import Recorder
 from ..step.wires import TAGS, Loss, Wire, as_message, pack, unpack
 from . import watchdog
+from .inprocess import user_op
 from .topology import Topology
 
 Executor = Callable[[MPI.Comm, Partial, Wire, int], Tuple[Partial, Traffic]]
@@ -165,7 +166,7 @@ def _reduce(comm, partial: Partial, wire: Wire, root: int) -> Tuple[Partial, Tra
 
     send = pack(partial)
     recv = np.empty_like(send) if comm.rank == root else None
-    op = MPI.Op.Create(merge_op, commute=True)
+    op = user_op(comm, merge_op)
     try:
         comm.Reduce(send, recv, op=op, root=root)
     finally:

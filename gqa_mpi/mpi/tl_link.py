@@ -30,6 +30,7 @@ from ..dsl.tl import KernelFault
 from ..step.trace import Recorder
 from ..exits import Exit
 from . import watchdog
+from .inprocess import status_for
 from .topology import Topology
 
 TAG_DATA = 77
@@ -86,10 +87,10 @@ class Watch:
                 req.Wait()
                 raise KernelExit("the kernel faulted on every rank (reported by rank 0)")
             time.sleep(0.005)
-        watchdog.say_and_abort(MPI.COMM_WORLD, text, Exit.FAULT)
+        watchdog.say_and_abort(self.topo.comm, text, Exit.FAULT)
 
     def _read_faults(self) -> None:
-        status = MPI.Status()
+        status = status_for(self.comm)
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=FAULT, status=status):
             src = status.Get_source()
             key, text = self.comm.recv(source=src, tag=FAULT)
@@ -112,7 +113,7 @@ class Watch:
                 shown = ", ".join(others[:16]) + (" ..." if len(others) > 16 else "")
                 lines.append(f"  the same fault on {len(others)} more rank(s): {shown}")
         if {rank for rank, _, _ in self._faults} != set(range(self.comm.size)):
-            watchdog.say_and_abort(MPI.COMM_WORLD, "\n".join(lines), Exit.FAULT)
+            watchdog.say_and_abort(self.topo.comm, "\n".join(lines), Exit.FAULT)
         sys.stderr.write("\n".join(lines) + "\n")     # every rank is here: no abort
         sys.stderr.flush()
         for rank in range(1, self.comm.size):
@@ -157,8 +158,8 @@ class Watch:
             while not go.test()[0]:
                 pending = [r for r in pending if not r.Test()]
                 time.sleep(0.001)
-        MPI.Request.Waitall(pending)
-        MPI.Request.Waitall(self._outbox)
+        for request in pending + self._outbox:
+            request.Wait()
 
     def _judge(self, final: bool = False) -> bool:
         """Rank 0: read the reports; True when every rank is done and every message
@@ -166,7 +167,7 @@ class Watch:
         self._read_faults()
         if self._faults:
             self._report_faults()
-        status = MPI.Status()
+        status = status_for(self.comm)
         while self.comm.Iprobe(source=MPI.ANY_SOURCE, tag=STATE, status=status):
             src = status.Get_source()
             self.table[src] = self.comm.recv(source=src, tag=STATE) + (time.monotonic(),)
@@ -206,7 +207,7 @@ class Watch:
         if waiting and in_flight:
             lines.append(f"  {in_flight} message(s) were sent and not received, from a "
                          f"direction nobody waits on")
-        watchdog.say_and_abort(MPI.COMM_WORLD, "\n".join(lines), Exit.FAULT)   # see source
+        watchdog.say_and_abort(self.topo.comm, "\n".join(lines), Exit.FAULT)   # see source
 
 
 class MpiLink:
@@ -246,7 +247,7 @@ class MpiLink:
              what: str) -> bytes:
         link = self._link("recv", direction, line)
         t0 = time.perf_counter()
-        status = MPI.Status()
+        status = status_for(link.comm)
         started, pause = time.monotonic(), 0.0
         peer = self.topo.world_rank(direction)
         # waiting, not stuck: --timeout names the rank this one waits for

@@ -130,7 +130,7 @@ class Topology:
             return MPI.PROC_NULL
         theirs, ours = link.comm.Get_group(), self.comm.Get_group()
         try:
-            return MPI.Group.Translate_ranks(theirs, [link.rank], ours)[0]
+            return theirs.Translate_ranks([link.rank], ours)[0]
         finally:
             theirs.Free()
             ours.Free()

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Optional
+from typing import Dict, Optional
 
 from ..exits import Exit
 
@@ -29,23 +29,34 @@ GRACE = 2.0
 """Seconds a waiting rank leaves the stuck rank to name itself (a quarter of the
 timeout when that is shorter)."""
 
-_state = dict(phase="start-up", waiting=None, comm=None, seconds=None, timer=None)
+_ranks: Dict[int, dict] = {}
+"""What each rank of this process does: one entry, or one per thread in process."""
+_timer = dict(seconds=None, timer=None)
+
+
+def _mine() -> dict:
+    """This rank's entry: its phase, whom it waits for, its communicator."""
+    me = threading.get_ident()
+    if me not in _ranks:
+        _ranks[me] = dict(phase="start-up", waiting=None, comm=None)
+    return _ranks[me]
 
 
 def phase(name: str) -> None:
     """Record what this rank is doing now (cheap; used with or without a watchdog)."""
-    _state["phase"] = name
+    _mine()["phase"] = name
 
 
 @contextmanager
 def waiting(what: str):
     """Mark a block in which this rank waits for ``what`` (e.g. 'rank 6 (intra_E)')."""
-    before = _state["waiting"]
-    _state["waiting"] = what
+    mine = _mine()
+    before = mine["waiting"]
+    mine["waiting"] = what
     try:
         yield
     finally:
-        _state["waiting"] = before
+        mine["waiting"] = before
 
 
 ARRIVE, GO = 901, 902
@@ -62,6 +73,7 @@ def rendezvous(comm, label: str) -> None:
     if comm.size == 1:
         return
     token = bytearray(1)
+    mine = _mine()
     if comm.rank == 0:
         reqs = {r: comm.Irecv(bytearray(1), source=r, tag=ARRIVE) for r in range(1, comm.size)}
         with waiting(f"all ranks to reach {label}"):
@@ -71,7 +83,7 @@ def rendezvous(comm, label: str) -> None:
                 if reqs:
                     missing = sorted(reqs)
                     shown = ", ".join(map(str, missing[:16])) + (" ..." if len(missing) > 16 else "")
-                    _state["waiting"] = f"rank(s) {shown} to reach {label}"
+                    mine["waiting"] = f"rank(s) {shown} to reach {label}"
                     time.sleep(0.0005)
         for r in range(1, comm.size):
             comm.Send(token, dest=r, tag=GO)
@@ -82,25 +94,53 @@ def rendezvous(comm, label: str) -> None:
 
 
 def arm(comm, seconds: float) -> None:
-    """Start this rank's watchdog (once); it ends the job after ``seconds``."""
-    if _state["timer"] is not None:
+    """Start the watchdog (once a process); it ends the job after ``seconds``."""
+    _mine()["comm"] = comm
+    if _timer["timer"] is not None:
         return
     timer = threading.Timer(seconds, _expire)
     timer.daemon = True
-    _state.update(comm=comm, seconds=seconds, timer=timer)
+    _timer.update(seconds=seconds, timer=timer)
     timer.start()
+
+
+def forget() -> None:
+    """This thread plays no rank any more (an in-process rank that returned)."""
+    _ranks.pop(threading.get_ident(), None)
 
 
 def disarm() -> None:
     """Stop the watchdog (for a library caller or a test that runs in-process)."""
-    if _state["timer"] is not None:
-        _state["timer"].cancel()
-        _state["timer"] = None
+    if _timer["timer"] is not None:
+        _timer["timer"].cancel()
+        _timer["timer"] = None
+
+
+def _last_words(rank: dict, seconds: float) -> str:
+    waited = rank["waiting"]
+    comm = rank["comm"]
+    if waited is not None:
+        what = (f"has waited {seconds:g} s for {waited} during {rank['phase']}, "
+                f"which did not come")
+    else:
+        what = f"is stuck in {rank['phase']} after {seconds:g} s"
+    return f"gqa_mpi: rank {comm.rank} {what} (--timeout); aborting all {comm.size} ranks\n"
 
 
 def _expire() -> None:
-    comm, seconds = _state["comm"], _state["seconds"]
-    waited = _state["waiting"]
+    seconds = _timer["seconds"]
+    ranks = sorted((r for r in list(_ranks.values()) if r["comm"] is not None),
+                   key=lambda r: r["comm"].rank)
+    if not ranks:
+        return
+    if len(ranks) > 1 or getattr(ranks[0]["comm"], "in_process", False):
+        # the ranks are threads of this process: each says what it does, all at once
+        sys.stderr.write("".join(_last_words(r, seconds) for r in ranks))
+        sys.stderr.flush()
+        ranks[0]["comm"].Abort(Exit.TIMEOUT)
+        return
+    mine = ranks[0]
+    comm, waited = mine["comm"], mine["waiting"]
     if waited is not None:
         # The stuck rank, if it can, names itself and ends the job first. Otherwise
         # every waiting rank says whom it waits for, so the chain of waits leads to
@@ -108,12 +148,7 @@ def _expire() -> None:
         # case rank 0 itself is the one stopped.
         grace = min(GRACE, 0.25 * seconds)
         time.sleep(2 * grace if waited.startswith("rank 0 to see") else grace)
-        what = (f"has waited {seconds:g} s for {waited} during {_state['phase']}, "
-                f"which did not come")
-    else:
-        what = f"is stuck in {_state['phase']} after {seconds:g} s"
-    sys.stderr.write(f"gqa_mpi: rank {comm.rank} {what} (--timeout); aborting all "
-                     f"{comm.size} ranks\n")
+    sys.stderr.write(_last_words(mine, seconds))
     sys.stderr.flush()
     # let the launcher pass the line on (MPI_Abort can end its forwarding before it
     # drained the pipe), and a waiting rank let the other waiting ranks speak too
