@@ -12,17 +12,22 @@ Rooms, each importing only the ones before it:
 
 ``from gqa_mpi import decode`` runs one distributed decode step on arrays the ranks
 hold, and ``Decoder`` a loop of steps and appends on them (see
-:mod:`gqa_mpi.app.decode`); importing ``gqa_mpi`` itself loads no MPI.
+:mod:`gqa_mpi.app.decode`); ``in_process(n, fn)`` runs ``fn(comm)`` on n threads of
+this process, each a rank, with no MPI (:mod:`gqa_mpi.mpi.inprocess`); importing
+``gqa_mpi`` itself loads no MPI.
 """
 __version__ = "0.2.0"
 
-__all__ = ["decode", "Decoder", "Config", "RunRecord"]
+__all__ = ["decode", "Decoder", "in_process", "Config", "RunRecord"]
 
 
 def __getattr__(name):  # MPI is initialised on first use of the API, not on import
     if name in ("decode", "Decoder"):
         from .app import decode
         return getattr(decode, name)
+    if name == "in_process":
+        from .mpi.inprocess import run
+        return run
     if name == "Config":
         from .config.config import Config
         return Config

@@ -277,9 +277,10 @@ def _in_process_size(given: dict) -> int:
                          f"{got.launcher} started {got.size} of them: run it without "
                          f"the launcher (python -m gqa_mpi {IN_PROCESS} ...)")
     rows, cols = given.get("grid", Config.grid)
-    cubes, pes = given.get("cubes") or 2, given.get("pes") or rows * cols
-    if cubes < 1 or pes < 1:
-        raise UsageError(f"--cubes {cubes} x --pes {pes}: both must be at least 1")
+    cubes, pes = given.get("cubes", 2), given.get("pes", rows * cols)
+    for name, value in (("cubes", cubes), ("pes", pes)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UsageError(f"--{name} must be a positive integer, got {value}")
     if cubes * pes > MAX_THREADS:
         raise UsageError(f"{IN_PROCESS} with --cubes {cubes} x --pes {pes} = "
                          f"{cubes * pes} threads: at most {MAX_THREADS} run in one "

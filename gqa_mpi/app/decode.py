@@ -159,8 +159,9 @@ class Decoder:
     """
 
     def __init__(self, q, k, v, config: Optional[Config] = None, *, comm=None, **options):
-        if comm is None:
-            comm = collective.world()     # MPI initialised here where nobody has yet
+        if not inprocess.owns(comm):      # MPI initialised here where nobody has yet
+            world = collective.world()    # (the caller's comm may be its COMM_WORLD)
+            comm = world if comm is None else comm
         timeout = options.get("timeout", getattr(config, "timeout", None))
         if isinstance(timeout, (int, float)) and not isinstance(timeout, bool) \
                 and 0 < timeout < float("inf"):

@@ -29,8 +29,9 @@ import numpy as np
 
 import mpi4py
 
-if "mpi4py.MPI" not in sys.modules:     # constants only: never MPI_Init for threads
-    mpi4py.rc.initialize = False
+if "mpi4py.MPI" not in sys.modules:     # its constants only: threads need no MPI_Init
+    mpi4py.rc.initialize = False          # (whoever needs MPI later initialises it, as
+    mpi4py.rc.finalize = True             # collective.world() does)
 from mpi4py import MPI  # noqa: E402
 
 from ..exits import SIGNAL  # noqa: E402
@@ -38,7 +39,7 @@ from . import watchdog  # noqa: E402
 
 LIBRARY = "in-process (a thread per PE, no MPI)"
 """What the record says in place of the MPI library's version."""
-GRACE = 5.0
+GRACE = 2.0
 """Seconds :func:`run` leaves the ranks to see an abort before it returns without them."""
 
 
