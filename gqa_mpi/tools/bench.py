@@ -21,6 +21,8 @@ printed as a ratio to a baseline measured alongside it. One subcommand per table
   sweeps, what the reduction adds);
 - ``source FILE``: a kernel's own file run through gqa_mpi's ``tl`` against the NumPy
   sweep of the same float16 tiles, per launch;
+- ``in-process FILE``: the same checked run of a kernel's file ``--in-process`` (every
+  PE a thread of one process) and launched on MPI ranks, whole command and step;
 - ``predict FILE --profile P``: the step ``--predict P`` predicts against the step
   measured in the same launch (with the ``host`` profile the probe wrote, how well
   the cost model describes this machine).
@@ -321,6 +323,47 @@ def predict_table(source: str, profile: str, ranks: List[int], per_rank: int, gr
     return rows
 
 
+def in_process_table(source: str, ranks: List[int], per_rank: int, group: int, d: int,
+                     repeats: int, timeout: int) -> List[Dict]:
+    """The same run of ``--kernel-source`` launched on MPI ranks and run ``--in-process``
+    (every PE a thread of one process), checked: the whole command's wall time (start-up
+    and the check included) and the kernel's step (the slowest rank's), best of
+    ``repeats`` each."""
+    rows = []
+    args = ["--kernel-source", source, "--heads-kv", "1", "--heads-q", str(group),
+            "--head-dim", str(d), "--quiet"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in ranks:
+            _progress(f"in-process: {n} rank(s), {repeats} x 2 runs")
+            grid = ["--cubes", "2", "--pes", str(n // 2)] if n % 2 == 0 else \
+                ["--cubes", "1", "--pes", str(n)]
+            mine = args + grid + ["--seq-len", str(per_rank * n)]
+            best: Dict[str, tuple] = {}
+            for rep in range(repeats):
+                for name, cmd in (("mpi", gqa_command(n, mine)),
+                                  ("in_process", [sys.executable, "-m", "gqa_mpi",
+                                                  "--in-process"] + mine)):
+                    path = os.path.join(tmp, f"{name}-{n}-{rep}.json")
+                    t0 = time.perf_counter()
+                    proc = _launch(cmd + ["--json", path], timeout)
+                    wall = time.perf_counter() - t0
+                    if proc.returncode not in (0, 1):
+                        rows.append(dict(ranks=n, error=f"{name}: {_why(proc)}"))
+                        break
+                    step = RunRecord.load(path).timings()["step"]["max"]
+                    best[name] = min(best.get(name, (wall, step)), (wall, step))
+                else:
+                    continue
+                break
+            if len(best) == 2:
+                (mpi_wall, mpi_step), (ip_wall, ip_step) = best["mpi"], best["in_process"]
+                rows.append(dict(ranks=n, tokens_per_rank=per_rank, G=group,
+                                 mpi_wall_s=mpi_wall, in_process_wall_s=ip_wall,
+                                 wall_ratio=ip_wall / mpi_wall, mpi_step_s=mpi_step,
+                                 in_process_step_s=ip_step, step_ratio=ip_step / mpi_step))
+    return rows
+
+
 def _why(proc: subprocess.CompletedProcess) -> str:
     """Why a launch failed: its last line of stderr, else of stdout, and its exit code."""
     lines = (proc.stderr or "").strip().splitlines() or (proc.stdout or "").strip().splitlines()
@@ -462,6 +505,17 @@ def print_tables(result: Dict) -> None:
                f"rank's call of the kernel, one launch each)", result["predict"],
                launch + [("measured ms", _ms("measured_s")), ("predicted ms", _ms("predicted_s")),
                          ("predicted/measured", _ratio("predicted_over_measured"))], lead=1)
+    if result.get("in_process"):
+        _table(f"\n--kernel-source {result['in_process_file']}, checked: --in-process (every "
+               f"PE a thread of one process) against\nthe same grid on MPI ranks; wall = the "
+               f"whole command, start-up and check included; step = the slowest\nrank's "
+               f"kernel (best of the repeats)", result["in_process"],
+               launch + [("mpi wall s", _ratio("mpi_wall_s")),
+                         ("in-process wall s", _ratio("in_process_wall_s")),
+                         ("wall in-process/mpi", _ratio("wall_ratio")),
+                         ("mpi step ms", _ms("mpi_step_s")),
+                         ("in-process step ms", _ms("in_process_step_s")),
+                         ("step in-process/mpi", _ratio("step_ratio"))], lead=1)
     s = result.get("startup")
     if s:
         print(f"\nstart-up: import gqa_mpi {s['import_s'] * 1e3:.0f} ms; 16-rank tiny run "
@@ -477,6 +531,8 @@ SUBCOMMANDS = {
               "NumPy sweep of the same float16 tiles",
     "predict": "real launches: a kernel's predicted step (--predict PROFILE) against its "
                "measured step on this machine",
+    "in-process": "a kernel's own file run --in-process against the same grid launched "
+                  "on MPI ranks",
     "startup": "the import time and a tiny 16-rank run against bare imports",
 }
 SHAPED = ("local", "step")
@@ -545,6 +601,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--group", type=int, default=8,
                    help="G, query heads of the one KV head (default 8)")
     a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
+    a = parsers["in-process"]
+    a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
+                   help="the kernel's file, as --kernel-source takes it")
+    launches(a, "8,16", "8K", steps=False)
+    a.add_argument("--group", type=int, default=8,
+                   help="G, query heads of the one KV head (default 8)")
+    a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
     a = parsers["predict"]
     a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
                    help="the kernel's file, as --kernel-source takes it")
@@ -562,6 +625,7 @@ QUICK = dict(local=dict(tokens="1K,2K", tiles="256,1024", groups="1,8"),
              reduce=dict(ranks="2", tokens_per_rank="256", steps=1),
              step=dict(ranks="2", tokens_per_rank="1K", groups="4", steps=1),
              source=dict(ranks="1", tokens_per_rank="1K"),
+             **{"in-process": dict(ranks="2", tokens_per_rank="1K")},
              predict=dict(ranks="1,2", tokens_per_rank="1K"))
 """``--quick``: tiny sizes, one repeat."""
 
@@ -628,6 +692,11 @@ def _measure(what: str, a, result: Dict, cores) -> None:
         result["source"] = source_table(a.kernel_source, _sizes(a.ranks),
                                         _sizes(a.tokens_per_rank)[0], a.group, a.head_dim,
                                         a.repeats, a.timeout)
+    elif what == "in-process":
+        result["in_process_file"] = a.kernel_source
+        result["in_process"] = in_process_table(a.kernel_source, _sizes(a.ranks),
+                                                _sizes(a.tokens_per_rank)[0], a.group,
+                                                a.head_dim, a.repeats, a.timeout)
     elif what == "predict":
         result["predict_file"], result["profile"] = a.kernel_source, a.profile
         result["predict"] = predict_table(a.kernel_source, a.profile, _sizes(a.ranks),
