@@ -13,6 +13,10 @@ it blocks on others, whom it waits for (:func:`waiting`). When time is up:
 
 If ``MPI_Abort`` itself cannot complete (the launcher is stopped), the process exits
 on its own a few seconds later. Exit code 3.
+
+In process (:mod:`gqa_mpi.mpi.inprocess`) every rank is a thread with its own phase
+and wait; one timer serves them all, and when it is up every rank's line is printed
+at once before the ranks are aborted.
 """
 from __future__ import annotations
 
@@ -106,12 +110,15 @@ def arm(comm, seconds: float) -> None:
 
 def forget() -> None:
     """This thread plays no rank any more (an in-process rank that returned)."""
+    disarm()
     _ranks.pop(threading.get_ident(), None)
 
 
 def disarm() -> None:
-    """Stop the watchdog (for a library caller or a test that runs in-process)."""
-    if _timer["timer"] is not None:
+    """This rank is done with the watchdog (a library call returned); the timer stops
+    once no rank of this process is armed."""
+    _mine()["comm"] = None
+    if _timer["timer"] is not None and not any(r["comm"] for r in list(_ranks.values())):
         _timer["timer"].cancel()
         _timer["timer"] = None
 
@@ -129,6 +136,7 @@ def _last_words(rank: dict, seconds: float) -> str:
 
 def _expire() -> None:
     seconds = _timer["seconds"]
+    _timer["timer"] = None
     ranks = sorted((r for r in list(_ranks.values()) if r["comm"] is not None),
                    key=lambda r: r["comm"].rank)
     if not ranks:
