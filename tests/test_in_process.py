@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from test_kernel_source import FAULTS, SMALL, kernel
+from test_kernel_source import FAULTS, SMALL, SPIN, kernel
 from util import launch, refused, run_cli
 from whole_reference import attention_reference
 
@@ -170,14 +170,7 @@ def test_breakpoint_in_a_kernel_stops_in_the_debugger(tmp_path):
 @pytest.mark.launch
 def test_timeout_in_process_names_the_spinning_pe_and_the_waiting_one(tmp_path):
     """A process of its own: the spinning thread cannot be stopped, only left."""
-    body = """
-        def spin_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
-            if tl.program_id(axis=0) == 1:
-                while True:
-                    pass
-            tl.recv(dir="intra_E", shape=(4,), dtype="f32")
-        """
-    proc = python_m(["--kernel-source", kernel(tmp_path, body), "--cubes", 1, "--pes", 2,
+    proc = python_m(["--kernel-source", kernel(tmp_path, SPIN), "--cubes", 1, "--pes", 2,
                      "--seq-len", 64, "--timeout", 1] + SMALL)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "rank 1 is stuck in the kernel under test" in proc.stderr

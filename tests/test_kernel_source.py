@@ -207,16 +207,19 @@ def test_every_rank_of_a_16_rank_deadlock_leaves_with_5(tmp_path):
     assert "kernel deadlock" in proc.stderr
 
 
+SPIN = """
+    def spin_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
+        if tl.program_id(axis=0) == 1:
+            while True:
+                pass
+        tl.recv(dir="intra_E", shape=(4,), dtype="f32")
+    """
+"""PE 1 spins, PE 0 waits for it: only --timeout ends the run."""
+
+
 @pytest.mark.launch
 def test_timeout_names_the_spinning_rank_not_the_ones_waiting_on_it(tmp_path):
-    body = """
-        def spin_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
-            if tl.program_id(axis=0) == 1:
-                while True:
-                    pass
-            tl.recv(dir="intra_E", shape=(4,), dtype="f32")
-        """
-    proc = launch(2, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 64, "--timeout",
+    proc = launch(2, ["--kernel-source", kernel(tmp_path, SPIN), "--seq-len", 64, "--timeout",
                       2] + SMALL, timeout=60)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "rank 1 is stuck in the kernel under test" in proc.stderr, proc.stderr

@@ -594,30 +594,22 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--groups", default="4,8", help="G values (default %(default)s)")
     a.add_argument("--reduce", default="chain,allgather",
                    help="schedules (default %(default)s)")
-    a = parsers["source"]
-    a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
-                   help="the kernel's file, as --kernel-source takes it")
-    launches(a, "16", "64K", steps=False)
-    a.add_argument("--group", type=int, default=8,
-                   help="G, query heads of the one KV head (default 8)")
-    a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
-    a = parsers["in-process"]
-    a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
-                   help="the kernel's file, as --kernel-source takes it")
-    launches(a, "8,16", "8K", steps=False)
-    a.add_argument("--group", type=int, default=8,
-                   help="G, query heads of the one KV head (default 8)")
-    a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
+
+    def kernel(a, ranks: str, tokens: str) -> None:
+        a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
+                       help="the kernel's file, as --kernel-source takes it")
+        launches(a, ranks, tokens, steps=False)
+        a.add_argument("--group", type=int, default=8,
+                       help="G, query heads per KV head (default 8)")
+        a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
+    kernel(parsers["source"], "16", "64K")
+    kernel(parsers["in-process"], "8,16", "8K")
     a = parsers["predict"]
-    a.add_argument("kernel_source", metavar="FILE[:FUNCTION]",
-                   help="the kernel's file, as --kernel-source takes it")
+    kernel(a, "1,4,16", "64K")
     a.add_argument("--profile", default="host",
                    help="the profile to predict with (default %(default)s: this machine's, "
                         "as `python -m gqa_mpi.probe` wrote it)")
-    launches(a, "1,4,16", "64K", steps=False)
-    a.add_argument("--group", type=int, default=8, help="G (default 8)")
     a.add_argument("--heads-kv", type=int, default=1, help="h_kv (default 1)")
-    a.add_argument("--head-dim", type=int, default=128, help="d (default 128)")
     return p
 
 
