@@ -74,6 +74,11 @@ def test_device_print_in_process_reaches_rank_0_by_pe_in_program_order(capsys, t
         for what in (f"first {r}", "then [0.5, 0.5]")], out + err
 
 
+def test_an_abbreviation_argparse_takes_runs_in_process_too(capsys):
+    code, out, err = run_cli(capsys, "--in-proc", "--cubes", 1, "--pes", 2, "--seq-len", 100)
+    assert code == 0 and lines(out, "note      in process: the 2 PEs"), out + err
+
+
 def test_in_process_refuses_in_one_line(capsys, monkeypatch):
     refused(capsys, "--in-process", "--kernel-source", "nosuch.py", words="no such file")
     refused(capsys, "--in-process", "--cubes", 40, "--pes", 40, words="at most 1024")

@@ -247,13 +247,19 @@ def _memory_verdict(comm, cfg, limit, mine):
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``python -m gqa_mpi`` and ``gqa-mpi``; returns the exit code."""
-    if IN_PROCESS in (sys.argv[1:] if argv is None else argv):
+    if _in_process_asked(sys.argv[1:] if argv is None else argv):
         return in_process(argv)
     why = launch_check.initialize()
     if why:
         launch_check.refuse(why)
         return Exit.USAGE
     return rank_main(collective.world(), argv)
+
+
+def _in_process_asked(args: List[str]) -> bool:
+    """Whether ``args`` has ``--in-process``, or a prefix of it that argparse would
+    take for it (``--in-proc``; ``--in`` is also ``--inputs``'s), before any parsing."""
+    return any(len(a) > len("--in") and IN_PROCESS.startswith(a) for a in args)
 
 
 def in_process(argv: Optional[List[str]]) -> int:
