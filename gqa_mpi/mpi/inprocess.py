@@ -567,10 +567,14 @@ def main(size: int, fn: Callable[..., int], *args) -> int:
     code; rank 0's, or the abort's. SIGTERM stops the ranks as Ctrl-C does."""
     def terminate(signum, frame):
         raise _Terminated(signum)
-    old = signal.signal(signal.SIGTERM, terminate)
+    try:
+        old = signal.signal(signal.SIGTERM, terminate)
+    except ValueError:            # not the main thread: leave the signal alone
+        old = None
     try:
         return run(size, fn, *args)[0]
     except Aborted as e:
         return e.code
     finally:
-        signal.signal(signal.SIGTERM, old)
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
