@@ -29,7 +29,7 @@ from ..step.grid import Grid
 from ..step.partition import Placement, rank_tokens
 from ..step.schedules import SCHEDULES, Schedule
 from ..step.wires import WIRES, Wire
-from .modes import Emulated, mode_of
+from .modes import DEFAULT_TILE, Emulated, mode_of
 
 def opt(default, group: str, *, metavar: Optional[str] = None, parse=None, format=str,
         choices=None, shown: Optional[str] = None, common: bool = False,
@@ -98,9 +98,6 @@ KERNELS = ("auto", "fused", "numpy")
 KV_DTYPES = tuple(dict.fromkeys([*FLOATS, *MEMORY]))
 """What ``--kv-dtype`` takes: the emulation's :data:`gqa_mpi.step.dtypes.FLOATS`, a
 kernel's memory's :data:`~gqa_mpi.step.dtypes.MEMORY`."""
-
-DEFAULT_TILE = 1024
-"""TILE_S_KV of the local sweep, as in the kernel."""
 
 
 @dataclass(frozen=True)

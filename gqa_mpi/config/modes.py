@@ -22,6 +22,9 @@ import numpy as np
 
 from ..step.dtypes import FLOATS, MEMORY, UNIT_ROUNDOFF
 
+DEFAULT_TILE = 1024
+"""TILE_S_KV of the local sweep, as in the kernel (a kernel's own file sets its own)."""
+
 SOURCE_TOLERANCE = 1e-2
 """The check's floor for a ``--kernel-source`` run on float16 memory: the kernel's
 memory, its operands and its messages are float16 (a relative rounding of 2**-11 an
@@ -115,7 +118,6 @@ class Source:
     @staticmethod
     def refuse(cfg) -> None:
         """Refuse, naming it, every option a kernel's own file cannot honour."""
-        from .config import DEFAULT_TILE
         if not isinstance(cfg.kernel_source, str) or not cfg.kernel_source:
             raise ValueError(f"--kernel-source must be FILE or FILE:FUNCTION, got "
                              f"{cfg.kernel_source!r}")
