@@ -30,7 +30,7 @@ from ..dsl.tl import KernelFault
 from ..step.trace import Recorder
 from ..exits import Exit
 from . import watchdog
-from .inprocess import status_for
+from .inprocess import job, status_for
 from .topology import Topology
 
 TAG_DATA = 77
@@ -87,7 +87,7 @@ class Watch:
                 req.Wait()
                 raise KernelExit("the kernel faulted on every rank (reported by rank 0)")
             time.sleep(0.005)
-        watchdog.say_and_abort(self.topo.comm, text, Exit.FAULT)
+        watchdog.say_and_abort(job(self.topo.comm), text, Exit.FAULT)
 
     def _read_faults(self) -> None:
         status = status_for(self.comm)
@@ -113,7 +113,7 @@ class Watch:
                 shown = ", ".join(others[:16]) + (" ..." if len(others) > 16 else "")
                 lines.append(f"  the same fault on {len(others)} more rank(s): {shown}")
         if {rank for rank, _, _ in self._faults} != set(range(self.comm.size)):
-            watchdog.say_and_abort(self.topo.comm, "\n".join(lines), Exit.FAULT)
+            watchdog.say_and_abort(job(self.topo.comm), "\n".join(lines), Exit.FAULT)
         sys.stderr.write("\n".join(lines) + "\n")     # every rank is here: no abort
         sys.stderr.flush()
         for rank in range(1, self.comm.size):
@@ -207,7 +207,7 @@ class Watch:
         if waiting and in_flight:
             lines.append(f"  {in_flight} message(s) were sent and not received, from a "
                          f"direction nobody waits on")
-        watchdog.say_and_abort(self.topo.comm, "\n".join(lines), Exit.FAULT)   # see source
+        watchdog.say_and_abort(job(self.topo.comm), "\n".join(lines), Exit.FAULT)   # see source
 
 
 class MpiLink:

@@ -37,8 +37,8 @@ from .collectives import Op  # noqa: E402
 from .comm import Comm  # noqa: E402
 from .world import Aborted, Status, World  # noqa: E402
 
-__all__ = ["Aborted", "Comm", "LIBRARY", "MPI", "main", "owns", "run", "status_for",
-           "user_op"]
+__all__ = ["Aborted", "Comm", "LIBRARY", "MPI", "job", "main", "owns", "run",
+           "status_for", "user_op"]
 
 LIBRARY = "in-process (a thread per PE, no MPI)"
 """What the record says in place of the MPI library's version."""
@@ -49,6 +49,13 @@ GRACE = 2.0
 def owns(comm) -> bool:
     """Whether ``comm`` is one of this package's (no MPI behind it)."""
     return getattr(comm, "in_process", False)
+
+
+def job(comm):
+    """What ``Abort`` ends the whole job on: ``MPI.COMM_WORLD`` (MPICH's launcher has
+    reported the other ranks' SIGKILL, exit 9, after an abort on another
+    communicator), or an in-process rank's own communicator."""
+    return comm if owns(comm) else MPI.COMM_WORLD
 
 
 def status_for(comm):
