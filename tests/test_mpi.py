@@ -429,38 +429,6 @@ def run_source(C, P, tmp_path, **kw):
     return code, record
 
 
-@pytest.mark.kernels
-@pytest.mark.parametrize("kernel,C,P,S", [(k, *grid) for k, grids in (
-    ("corrected", [(1, 1, 3001), (2, 8, 3001), (2, 6, 3001), (3, 5, 3001), (2, 8, 10)]),
-    ("tree", [(2, 6, 3001), (3, 5, 3001), (2, 8, 10), (16, 1, 3001)]),
-    ("pipelined", [(2, 6, 3001), (3, 5, 3001), (2, 8, 10), (16, 1, 3001)]),
-    ("prefetch", [(1, 1, 3001), (2, 6, 3001), (2, 8, 10)]),      # the corrected chain
-    ("flash2", [(1, 1, 3001), (3, 5, 3001), (2, 8, 10)]))
-    for grid in grids])
-def test_shipped_kernels_pass_on_every_grid(tmp_path, kernel, C, P, S):
-    """The shipped kernels (corrected, tree, pipelined, prefetch, flash2) against float64 exact
-    attention: full and
-    short rows, an S_kv that is no multiple of C*P, fewer tokens than ranks, a line
-    of 16 cubes."""
-    code, record = run_source(C, P, tmp_path, kernel_source=f"builtin:{kernel}", seq_len=S,
-                              heads_q=8, heads_kv=2, head_dim=16, queries=2)
-    if record is not None:
-        assert code == 0 and record["checks"][0]["passed"], record["checks"]
-        assert sum(r["source"]["k_rows"] for r in record["ranks"]) == S   # every token read
-        assert record["checks"][0]["max_rel_err"] < 2e-3                  # float16 O
-
-
-@pytest.mark.kernels
-def test_a_kernel_calling_every_name_of_the_vocabulary_passes(tmp_path):
-    """tests/kernels/every_call.py uses every call of tl's VOCABULARY (test_tl holds it
-    to that) and computes attention; on 2 cubes of 8 PEs it passes the exact check."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels", "every_call.py")
-    code, record = run_source(2, 8, tmp_path, kernel_source=path, seq_len=3001, heads_q=8,
-                              heads_kv=2, head_dim=16, queries=2)
-    if record is not None:
-        assert code == 0 and record["checks"][0]["passed"], record["checks"]
-
-
 @pytest.mark.skipif(not os.path.exists(REFERENCE), reason="no ../shared/reference")
 def test_reference_kernel_passes_on_equal_keys_and_overflows_at_128k(tmp_path):
     """The kernel as written: right where its defects do not bite (equal keys, one KV

@@ -28,8 +28,7 @@ def test_sixteen_rank_suite(library, tmp_path):
         prefix = open_mpi()
         if prefix is None:
             pytest.skip("no Open MPI beside the default MPI (apt-get install openmpi-bin)")
-        # the MPI layer under Open MPI; the kernels' numerics once, under the default MPI
-        cmd = prefix + ["-n", "16"] + suite + ["-m", "mpi and not kernels"]
+        cmd = prefix + ["-n", "16"] + suite
     proc = run_bounded(cmd, timeout=300, cwd=os.path.dirname(HERE))
     tail = (proc.stdout + proc.stderr)[-6000:]
     assert proc.returncode == 0, tail
