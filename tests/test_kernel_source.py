@@ -1,5 +1,6 @@
 """``--kernel-source``: kernels run as written on MPI ranks, with their faults, deadlocks
-and numerics reported in their terms. The reference kernel's tests run where
+and numerics reported in their terms. Where MPI is not the point, a test runs the
+same grid in process (tests/test_in_process.py holds that run to the MPI one). The reference kernel's tests run where
 ``../shared/reference/`` exists (as in CI) and skip elsewhere."""
 import json
 import os
@@ -8,7 +9,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from util import launch
+from util import in_process, launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REFERENCE = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "reference",
@@ -51,31 +52,30 @@ def test_corrected_kernel_passes_and_its_trace_shows_every_call(tmp_path):
     assert sum(e["ph"] == "s" for e in events) == len(sends)          # one arrow each
 
 
-@pytest.mark.launch
 @needs_reference
-def test_reference_kernel_fails_on_random_gqa_and_agrees_with_its_model(tmp_path):
+def test_reference_kernel_fails_on_random_gqa_and_agrees_with_its_model(capsys, tmp_path):
+    """In process (its O is the MPI run's, tests/test_in_process.py)."""
     # 5003 tokens on 4 ranks: slices of 1251, 1251, 1251, 1250, of which the kernel
     # reads 1250 (where the model once dropped the cache's tail instead)
     args = ["--seq-len", 5003, "--heads-q", 8, "--heads-kv", 2, "--head-dim", 32]
     src, model = tmp_path / "src.npy", tmp_path / "model.npy"
-    proc = launch(4, ["--kernel-source", REFERENCE, "--softmax-scale", 1, "--output", src]
-                  + args)
+    proc = in_process(capsys, 4, ["--kernel-source", REFERENCE, "--softmax-scale", 1,
+                                  "--output", src] + args)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert line(proc, "check").endswith("FAILED")
     # with h_kv = 2 the reshape reads only half of each rank's row block
     assert "K 2500 of S_kv=5003 tokens (2503 never read)" in line(proc, "read")
-    held = launch(4, ["--kernel-source", REFERENCE, "--softmax-scale", 1, "--check-against",
-                      "kernel-model", "--output", model] + args)
+    held = in_process(capsys, 4, ["--kernel-source", REFERENCE, "--softmax-scale", 1,
+                                  "--check-against", "kernel-model", "--output", model] + args)
     assert held.returncode == 0, held.stdout + held.stderr
     assert line(held, "check").endswith("PASSED")
     assert "differs from exact attention (scale 1)" in line(held, "exact")
     assert np.array_equal(np.load(src), np.load(model))       # the same kernel, run twice
 
 
-@pytest.mark.launch
 @needs_reference
-def test_reference_kernel_short_row_is_a_fault_not_a_hang():
-    proc = launch(6, ["--kernel-source", REFERENCE, "--seq-len", 1200] + SMALL)   # P = 6
+def test_reference_kernel_short_row_is_a_fault_not_a_hang(capsys):
+    proc = in_process(capsys, 6, ["--kernel-source", REFERENCE, "--seq-len", 1200] + SMALL)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "tl.recv(dir='intra_E'): PE 5 of cube" in proc.stderr
     assert "would wait here forever" in proc.stderr
@@ -142,10 +142,10 @@ def test_a_fault_is_one_report_and_exit_5_on_every_rank(tmp_path, name):
     assert "gqa_mpi/" not in proc.stderr.split("error:", 1)[1]   # only the kernel's frames
 
 
-@pytest.mark.launch
-def test_a_fault_in_a_decode_loop_names_its_step(tmp_path):
+def test_a_fault_in_a_decode_loop_names_its_step(capsys, tmp_path):
     """--steps 5 with a kernel that reads past K once the cache holds 67 tokens: the
-    report names the step and its S_kv, and so does the kernel's own exception."""
+    report names the step and its S_kv, and so does the kernel's own exception (in
+    process: the report is the MPI run's)."""
     body = """
         def late_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
             if S_kv == 67:
@@ -154,13 +154,13 @@ def test_a_fault_in_a_decode_loop_names_its_step(tmp_path):
                 raise KeyError("late")
         """
     path = kernel(tmp_path, body)
-    proc = launch(2, ["--kernel-source", path, "--seq-len", 64, "--steps", 5] + SMALL,
-                  timeout=60)
+    proc = in_process(capsys, 2, ["--kernel-source", path, "--seq-len", 64, "--steps", 5]
+                      + SMALL)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "in decode step 3 (S_kv=67): " in proc.stderr and "runs past the end of K" in proc.stderr
     head = proc.stderr.index("problem   B=1 T_q=1 S_kv=64")          # what ran, first
     assert head < proc.stderr.index("topology  C=1 cubes x P=2") < proc.stderr.index("fault")
-    proc = launch(1, ["--kernel-source", path, "--seq-len", 68] + SMALL, timeout=60)
+    proc = in_process(capsys, 1, ["--kernel-source", path, "--seq-len", 68] + SMALL)
     assert proc.returncode == 5 and "raised on rank 0 (cube 0, PE 0):" in proc.stderr
 
 
@@ -175,21 +175,6 @@ def test_a_fault_every_rank_hits_ends_the_job_without_mpi_abort(tmp_path):
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert says in proc.stderr and "the same fault on 3 more rank(s): 1, 2, 3" in proc.stderr
     assert "Abort" not in proc.stderr and "BAD TERMINATION" not in proc.stdout + proc.stderr
-
-
-@pytest.mark.launch
-def test_device_print_lines_reach_rank_0_by_pe_in_program_order(tmp_path):
-    body = """
-        def show_kernel(q, k, v, o, T_q, S_kv, h_q, h_kv, d, C, P, *, tl):
-            pe = tl.program_id(axis=0)
-            tl.device_print("first", pe)
-            tl.device_print("then", tl.full((2,), 0.5, "f32"))
-        """
-    proc = launch(3, ["--kernel-source", kernel(tmp_path, body), "--seq-len", 48] + SMALL,
-                  timeout=60)
-    lines = [x for x in proc.stdout.splitlines() if x.startswith("[rank")]
-    assert lines == [f"[rank {r}: cube 0 / PE {r}] {what}" for r in range(3)
-                     for what in (f"first {r}", "then [0.5, 0.5]")], proc.stdout
 
 
 @pytest.mark.launch

@@ -46,6 +46,18 @@ def run_cli(capsys, *argv):
     return code, cap.out, cap.err
 
 
+def in_process(capsys, n, args):
+    """``python -m gqa_mpi --in-process`` on the grid ``mpirun -n n`` would place, in
+    this process: a ``CompletedProcess`` as :func:`launch` gives (for the tests whose
+    point is the run, not MPI: its O and report are the MPI run's)."""
+    import subprocess
+    from gqa_mpi.config.config import Config, default_topology
+    args = [str(a) for a in args]
+    cubes, pes = default_topology(n, None, None, Config.grid)      # the default --grid
+    code, out, err = run_cli(capsys, "--in-process", "--cubes", cubes, "--pes", pes, *args)
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
 def assert_refused(code, out, err, words):
     """A user mistake's answer: exit 2, one line on stderr that starts ``gqa_mpi:
     error:`` and says ``words``, no traceback, nothing on stdout."""
