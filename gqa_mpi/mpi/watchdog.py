@@ -118,7 +118,7 @@ def disarm() -> None:
     """This rank is done with the watchdog (a library call returned); the timer stops
     once no rank of this process is armed."""
     _mine()["comm"] = None
-    if _timer["timer"] is not None and not any(r["comm"] for r in list(_ranks.values())):
+    if _timer["timer"] is not None and all(r["comm"] is None for r in list(_ranks.values())):
         _timer["timer"].cancel()
         _timer["timer"] = None
 
