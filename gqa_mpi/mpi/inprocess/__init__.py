@@ -18,6 +18,7 @@ Once a rank has called ``Abort``, every rank's next call raises :class:`Aborted`
 """
 from __future__ import annotations
 
+import operator
 import signal
 import sys
 import threading
@@ -76,8 +77,13 @@ def run(size: int, fn: Callable[..., Any], *args) -> List[Any]:
     and is raised here (the lowest rank's, where several raised); an ``Abort`` raises
     :class:`Aborted` with its code. Ctrl-C aborts every rank with exit code 130.
     """
-    if not isinstance(size, int) or size < 1:
+    try:
+        n = None if isinstance(size, bool) else operator.index(size)
+    except TypeError:
+        n = None
+    if n is None or n < 1:
         raise ValueError(f"in_process takes a number of ranks >= 1, got {size!r}")
+    size = n
     world = World(size)
     results: List[Any] = [None] * size
     errors: Dict[int, BaseException] = {}
