@@ -64,8 +64,11 @@ def format_report(record: RunRecord) -> str:
     median = " (the median step's)" if c.steps > 1 else ""
     lines.append(f"time      max over ranks{median}: " + ", ".join(
         f"{name} {tm[name]['max'] * 1e3:.1f} ms" for name in tm))
-    lines.append(f"{mode.traffic(record)}peak memory per rank "
-                 f"{record.peak_rss_mib['max']:.0f} MiB (max); {len(record.hosts)} host(s)")
+    peak = record.peak_rss_mib["max"]
+    lines.append(f"{mode.traffic(record)}" + (
+        f"peak memory of the process (all {len(record.ranks)} PEs) {peak:.0f} MiB"
+        if record.in_process else
+        f"peak memory per rank {peak:.0f} MiB (max); {len(record.hosts)} host(s)"))
     for key, path in record.written.items():
         lines.append(f"{key:<9} {path}")
     return "\n".join(lines)
