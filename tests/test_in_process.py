@@ -15,6 +15,7 @@ from whole_reference import attention_reference
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EVERY_CALL = os.path.join(HERE, "kernels", "every_call.py")
+TRITON_FA = os.path.join(HERE, "kernels", "triton_fa.py")
 
 
 def here(capsys, *argv):
@@ -32,11 +33,12 @@ def lines(out, head):
     ("pipelined", [(2, 6, 3001), (3, 5, 3001), (2, 8, 10), (16, 1, 3001)]),
     ("prefetch", [(1, 1, 3001), (2, 6, 3001), (2, 8, 10)]),      # the corrected chain
     ("flash2", [(1, 1, 3001), (3, 5, 3001), (2, 8, 10)]))
-    for grid in grids] + [(EVERY_CALL, 2, 8, 3001)])
+    for grid in grids] + [(EVERY_CALL, 2, 8, 3001), (TRITON_FA, 2, 6, 3001)])
 def test_shipped_kernels_and_every_name_of_the_vocabulary_pass_on_every_grid(
         capsys, tmp_path, kernel_source, C, P, S):
-    """The shipped kernels, and tests/kernels/every_call.py (every call of tl's
-    VOCABULARY: test_tl holds it to that), against float64 exact attention: full and
+    """The shipped kernels, tests/kernels/every_call.py (every call of tl's VOCABULARY:
+    test_tl holds it to that) and triton_fa.py (``tl.dot(p, v, acc)``, load hints),
+    against float64 exact attention: full and
     short rows, an S_kv that is no multiple of C*P, fewer tokens than ranks, a line of
     16 cubes. In process, whose O is the MPI run's bit for bit (the launch test below
     holds it to that)."""

@@ -471,6 +471,47 @@ def test_masked_and_gathered_loads_and_stores_touch_only_what_the_mask_lets_thro
         tl.load(K, shape=(4, 8), mask=tl.arange(0, 3) < 2)
 
 
+def test_tritons_keyword_arguments_of_dot_reductions_loads_and_stores():
+    """``tl.dot(a, b, acc)``: the product plus ``acc`` in float32, rounded once to acc's
+    dtype, at the product's cost; ``sum(dtype=)``; ``max/min(return_indices=True)``;
+    the cache hints taken, the block-pointer arguments a fault. Against NumPy in
+    float64."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((3, 5)), rng.standard_normal((5, 4))
+    c = rng.standard_normal((3, 4))
+    k = np.arange(32, dtype=np.float16).reshape(4, 8)
+    tl = Backend(0, 0, [("K", k, 16, 0), ("O", np.zeros((1, 8), np.float16), 0, 0)],
+                 record=True)
+    A, B = (Tensor_of(tl, x.astype(np.float16)) for x in (a, b))
+    acc = Tensor_of(tl, c.astype(np.float32))
+    got = tl.dot(A, B, acc)
+    want = (a.astype(np.float16).astype(np.float64) @ b.astype(np.float16).astype(np.float64)
+            + c.astype(np.float32))
+    assert got.dtype == "f32" and np.allclose(got.a, want, rtol=1e-6, atol=1e-6)
+    assert tl.monitor.calls[-1][:3] == ("dot", "dot", 2 * 3 * 5 * 4)
+    assert tl.dot(A, B, acc=acc, input_precision="ieee", out_dtype="f32").dtype == "f32"
+    with pytest.raises(KernelFault, match="acc is f32 but out_dtype is f16"):
+        tl.dot(A, B, acc, out_dtype="f16")
+    with pytest.raises(KernelFault, match=r"acc is \(4, 3\)"):
+        tl.dot(A, B, Tensor_of(tl, np.zeros((4, 3), np.float32)))
+    x = Tensor_of(tl, np.array([[1.0, 7.0, 7.0], [4.0, -2.0, 0.5]], np.float16))
+    assert tl.sum(x, axis=1, dtype="f32").dtype == "f32"
+    values, where = tl.max(x, axis=1, return_indices=True)
+    assert list(values.a) == [7.0, 4.0] and list(where.a) == [1, 0]     # first on a tie
+    values, where = tl.min(x, 1, True)
+    assert list(values.a) == [1.0, -2.0] and list(where.a) == [0, 1]
+    K, O = tl.pointer("K"), tl.pointer("O")
+    got = tl.load(K, shape=(8,), dtype="f16", cache_modifier=".cg",
+                  eviction_policy="evict_last", volatile=True)
+    assert list(got.a) == list(range(8))
+    tl.store(O, got, eviction_policy="evict_first", cache_modifier=".wb")
+    assert list(tl.region("O").data[0]) == list(range(8))
+    with pytest.raises(KernelFault, match="block pointers"):
+        tl.load(K, shape=(8,), boundary_check=(0,), padding_option="zero")
+    with pytest.raises(KernelFault, match="block pointers"):
+        tl.store(O, got, boundary_check=(0,))
+
+
 @pytest.mark.parametrize("name,dtype", [("bf16", "bfloat16"), ("fp8e4m3", "float8_e4m3fn"),
                                         ("fp8e5m2", "float8_e5m2")])
 def test_narrow_memory_loads_as_its_pointer_says_and_computes_in_float32_rounded_once(name,

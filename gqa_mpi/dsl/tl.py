@@ -670,12 +670,17 @@ class Backend:
         finally:
             self.monitor.leave(scope)
 
-    def load(self, ptr, shape=None, dtype=None, mask=None, other=0) -> Tensor:
+    def load(self, ptr, shape=None, dtype=None, mask=None, other=0, boundary_check=(),
+             padding_option="", cache_modifier="", eviction_policy="",
+             volatile=False) -> Tensor:
         """``prod(shape)`` contiguous elements of ``dtype`` from byte ``ptr``, as ``shape``
         (a byte-conserving reshape); or, with ``ptr`` an int tensor of byte addresses, one
         element from each (a gather). Where ``mask`` (broadcast to the shape) is false
         nothing is read and the element is ``other``. ``dtype`` defaults to the memory's
-        there, as a Triton pointer's element type decides the load's."""
+        there, as a Triton pointer's element type decides the load's. Triton's cache
+        and eviction hints are taken and change nothing; its block-pointer arguments
+        are a fault (``tl`` has no block pointers)."""
+        self._no_block_pointer("load", boundary_check, padding_option)
         dt = self._dt(dtype, "load") if dtype is not None else self._held(ptr)
         if mask is None and not isinstance(ptr, Tensor):
             shape = self._sh(shape, "load")
@@ -704,10 +709,12 @@ class Backend:
                                  reads=(ptr, mask), makes=True)
         return Tensor(out, self, cell)
 
-    def store(self, ptr, x: Tensor, mask=None) -> None:
+    def store(self, ptr, x: Tensor, mask=None, boundary_check=(), cache_modifier="",
+              eviction_policy="") -> None:
         """``x``'s elements, contiguous from ``ptr`` (or one at each address of an int
         tensor ``ptr``: a scatter), rounded to the dtype of the tensor there; where
-        ``mask`` is false nothing is written."""
+        ``mask`` is false nothing is written. Hints and block pointers as :meth:`load`."""
+        self._no_block_pointer("store", boundary_check)
         if mask is None and not isinstance(ptr, Tensor):
             a = np.asarray(self._array(x, "store"), dtype=self._held(ptr)).ravel()
             r, off = self._find(ptr, a.nbytes, "store")
@@ -730,6 +737,12 @@ class Backend:
                 r.data.reshape(-1)[offs // size] = values[at].astype(r.data.dtype)
                 nbytes += len(at) * size
         self.monitor.call("store", "mem", nbytes, reads=(ptr, x, mask))
+
+    def _no_block_pointer(self, call: str, boundary_check=(), padding_option="") -> None:
+        if boundary_check or padding_option:
+            raise self.fault(call, f"tl.{call}(boundary_check=, padding_option=) are for "
+                                   f"block pointers (tl.make_block_ptr), which tl does not "
+                                   f"have: mask the access instead")
 
     def _elements(self, ptr, shape, dt, mask, call):
         """``(addresses, mask)``, both of the access's shape: each element's byte address
@@ -786,33 +799,57 @@ class Backend:
             raise self.fault(call, f"tl.{call} at {near.name}{ptr - near.base:+d}: outside "
                                    f"every tensor of this PE's memory")
 
-    def dot(self, a: Tensor, b: Tensor, out_dtype=None) -> Tensor:
-        """``a @ b``, accumulated in float32 and rounded once to the operands' dtype, or
-        to ``out_dtype``."""
+    def dot(self, a: Tensor, b: Tensor, acc: Optional[Tensor] = None, input_precision=None,
+            allow_tf32=None, max_num_imprecise_acc=None, out_dtype=None) -> Tensor:
+        """``a @ b`` (plus ``acc``, as Triton's), accumulated in float32 and rounded once
+        to ``acc``'s dtype, else ``out_dtype``, else the operands'. The precision hints
+        change nothing: the product is float32's."""
         x, y = self._array(a, "dot"), self._array(b, "dot")
         if np.ndim(x) != 2 or np.ndim(y) != 2 or x.shape[1] != y.shape[0]:
             raise self.fault("dot", f"tl.dot needs (M, K) and (K, N), got {np.shape(x)} "
                                     f"and {np.shape(y)}")
         out_dt = (np.result_type(x.dtype, y.dtype) if out_dtype is None
                   else self._dt(out_dtype, "dot"))
+        z = None
+        if acc is not None:
+            z = self._array(acc, "dot")
+            if np.shape(z) != (x.shape[0], y.shape[1]):
+                raise self.fault("dot", f"tl.dot's acc is {np.shape(z)}, not the product's "
+                                        f"{(x.shape[0], y.shape[1])}")
+            if out_dtype is not None and out_dt != z.dtype:
+                raise self.fault("dot", f"tl.dot's acc is {dtype_name(z.dtype)} but out_dtype "
+                                        f"is {dtype_name(out_dt)}; they must agree")
+            out_dt = z.dtype
         with self._traced("dot", shape=[x.shape[0], y.shape[1]], k=x.shape[1]):
             out = np.matmul(x.astype(np.float32, copy=False), y.astype(np.float32, copy=False))
+            if z is not None:                # accumulated in place, as the matrix unit does
+                out += z.astype(np.float32, copy=False)
             out = out.astype(out_dt, copy=False)
         flops = 2 * x.shape[0] * x.shape[1] * y.shape[1]
-        cell = self.monitor.call("dot", "dot", flops, dtype=x.dtype, reads=(a, b),
+        cell = self.monitor.call("dot", "dot", flops, dtype=x.dtype, reads=(a, b, acc),
                                  makes=True)
         return self._tensor(out, "dot", (x, y), cell)
 
-    def sum(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
-        """Sum along ``axis`` (None: all) in float32, rounded once to ``x``'s dtype."""
+    def sum(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False,
+            dtype=None) -> Tensor:
+        """Sum along ``axis`` (None: all) in float32, rounded once to ``x``'s dtype (or
+        ``dtype``, as Triton's)."""
+        dt = None if dtype is None else self._dt(dtype, "sum")
         return self._op("sum", lambda a: np.asarray(np.sum(
-            a, axis=axis, dtype=np.float32, keepdims=keep_dims)).astype(a.dtype), x)
+            a, axis=axis, dtype=np.float32, keepdims=keep_dims)).astype(dt or a.dtype), x)
 
-    def max(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
-        return self._op("max", lambda a: np.max(a, axis=axis, keepdims=keep_dims), x)
+    def max(self, x: Tensor, axis: Optional[int] = -1, return_indices: bool = False,
+            return_indices_tie_break_left: bool = True, keep_dims: bool = False):
+        """The largest along ``axis``; with ``return_indices``, ``(values, indices)``
+        (two reductions, as the cost model counts them), the first index on a tie."""
+        values = self._op("max", lambda a: np.max(a, axis=axis, keepdims=keep_dims), x)
+        return (values, self.argmax(x, axis, keep_dims)) if return_indices else values
 
-    def min(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
-        return self._op("min", lambda a: np.min(a, axis=axis, keepdims=keep_dims), x)
+    def min(self, x: Tensor, axis: Optional[int] = -1, return_indices: bool = False,
+            return_indices_tie_break_left: bool = True, keep_dims: bool = False):
+        """The smallest along ``axis``; ``return_indices`` as :meth:`max`."""
+        values = self._op("min", lambda a: np.min(a, axis=axis, keepdims=keep_dims), x)
+        return (values, self.argmin(x, axis, keep_dims)) if return_indices else values
 
     def argmax(self, x: Tensor, axis: Optional[int] = -1, keep_dims: bool = False) -> Tensor:
         return self._op("argmax", lambda a: np.asarray(np.argmax(
