@@ -474,8 +474,8 @@ def test_masked_and_gathered_loads_and_stores_touch_only_what_the_mask_lets_thro
 def test_tritons_keyword_arguments_of_dot_reductions_loads_and_stores():
     """``tl.dot(a, b, acc)``: the product plus ``acc`` in float32, rounded once to acc's
     dtype, at the product's cost; ``sum(dtype=)``; ``max/min(return_indices=True)``;
-    the cache hints taken, the block-pointer arguments a fault. Against NumPy in
-    float64."""
+    the cache hints taken, the block-pointer arguments a fault; ``tl.range``'s hints;
+    ``cast``'s ``bitcast`` and its rounding. Against NumPy in float64."""
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((3, 5)), rng.standard_normal((5, 4))
     c = rng.standard_normal((3, 4))
@@ -510,6 +510,15 @@ def test_tritons_keyword_arguments_of_dot_reductions_loads_and_stores():
         tl.load(K, shape=(8,), boundary_check=(0,), padding_option="zero")
     with pytest.raises(KernelFault, match="block pointers"):
         tl.store(O, got, boundary_check=(0,))
+    assert list(tl.range(0, 10, 4, num_stages=3)) == [0, 4, 8]
+    assert list(tl.static_range(3, loop_unroll_factor=2)) == [0, 1, 2]
+    ones = tl.full((2,), 1.0, "f32")
+    assert list(ones.to(tl.int32, bitcast=True).a) == [0x3F800000] * 2
+    assert ones.to("f16", fp_downcast_rounding="rtne").dtype == "f16"
+    with pytest.raises(KernelFault, match="only 'rtne'"):
+        ones.to("f16", fp_downcast_rounding="rtz")
+    with pytest.raises(KernelFault, match="the widths differ"):
+        tl.cast(ones, "f16", bitcast=True)
 
 
 @pytest.mark.parametrize("name,dtype", [("bf16", "bfloat16"), ("fp8e4m3", "float8_e4m3fn"),

@@ -246,9 +246,9 @@ class Tensor:
     def __invert__(self):
         return self.tl._op("~", np.invert, self)
 
-    def to(self, dtype) -> "Tensor":
-        """``tl.cast(self, dtype)``."""
-        return self.tl.cast(self, dtype)
+    def to(self, dtype, fp_downcast_rounding=None, bitcast: bool = False) -> "Tensor":
+        """``tl.cast(self, dtype, ...)``."""
+        return self.tl.cast(self, dtype, fp_downcast_rounding, bitcast)
 
     T = property(lambda self: self.tl.trans(self))
 
@@ -895,7 +895,17 @@ class Backend:
                 self._op("split", lambda a: np.ascontiguousarray(a[..., 1]), x))
     constexpr = staticmethod(lambda value: value)
     """An annotation of a compile-time parameter; called, ``tl.constexpr(v)`` is ``v``."""
-    static_range = range = staticmethod(range)
+
+    @staticmethod
+    def static_range(start, end=None, step=None, *, num_stages=None, loop_unroll_factor=None,
+                     disallow_acc_multi_buffer=False, flatten=False, warp_specialize=False,
+                     disable_licm=False):
+        """Python's ``range`` of ``(start, end, step)``; Triton's pipelining and unrolling
+        hints are taken and change nothing (``tl.range`` is the same)."""
+        args = (start,) if end is None else (start, end) if step is None else (start, end, step)
+        return range(*args)
+
+    range = static_range
 
     @staticmethod
     def cdiv(a, b):
@@ -940,8 +950,19 @@ class Backend:
                                         f"elements) to {shape}")
         return self._op("reshape", lambda a: np.reshape(a, shape), x)   # a view, as a slice
 
-    def cast(self, x: Tensor, dtype) -> Tensor:
+    def cast(self, x: Tensor, dtype, fp_downcast_rounding=None, bitcast: bool = False
+             ) -> Tensor:
+        """``x`` in ``dtype``, rounded to nearest even; with ``bitcast``, its bits read as
+        ``dtype`` (of the same width), as Triton's."""
         dt = self._dt(dtype, "cast")
+        if fp_downcast_rounding not in (None, "rtne"):
+            raise self.fault("cast", f"tl.cast(fp_downcast_rounding={fp_downcast_rounding!r}):"
+                                     f" only 'rtne', round to nearest even, is emulated")
+        if bitcast:
+            if dt.itemsize != np.asarray(self._array(x, "cast")).dtype.itemsize:
+                raise self.fault("cast", f"tl.cast(bitcast=True) from {x.dtype} to "
+                                         f"{dtype_name(dt)}: the widths differ")
+            return self._op("cast", lambda a: np.ascontiguousarray(a).view(dt), x)
         return self._op("cast", lambda a: np.asarray(a).astype(dt), x)
 
     def zeros(self, shape, dtype="f32") -> Tensor:
