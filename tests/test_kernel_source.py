@@ -1,7 +1,8 @@
 """``--kernel-source``: kernels run as written on MPI ranks, with their faults, deadlocks
 and numerics reported in their terms. Where MPI is not the point, a test runs the
-same grid in process (tests/test_in_process.py holds that run to the MPI one). The reference kernel's tests run where
-``../shared/reference/`` exists (as in CI) and skip elsewhere."""
+same grid in process (tests/test_in_process.py holds that run to the MPI one). The
+reference kernel's tests run where ``../shared/reference/`` exists (as in CI) and skip
+elsewhere."""
 import json
 import os
 import textwrap

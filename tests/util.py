@@ -50,7 +50,6 @@ def in_process(capsys, n, args):
     """``python -m gqa_mpi --in-process`` on the grid ``mpirun -n n`` would place, in
     this process: a ``CompletedProcess`` as :func:`launch` gives (for the tests whose
     point is the run, not MPI: its O and report are the MPI run's)."""
-    import subprocess
     from gqa_mpi.config.config import Config, default_topology
     args = [str(a) for a in args]
     cubes, pes = default_topology(n, None, None, Config.grid)      # the default --grid

@@ -93,9 +93,9 @@ class RankStats:
     steps: ``k_rows``/``v_rows`` (distinct token rows of its slice it read, in the last
     step), ``loaded_bytes``, ``stored_bytes``, ``dot_flops``, ``calls``,
     ``scratch_peak`` and ``persistent`` (bytes), ``scratch_top`` (``[bytes, line,
-    "shape dtype"]`` of the largest tensors alive at the high-water mark), ``sent``/``received`` (direction ->
-    ``[messages, bytes]``), ``nonfinite`` (``[call, line, count]`` of the first calls
-    that made inf or NaN from finite operands)."""
+    "shape dtype"]`` of the largest tensors alive at the high-water mark),
+    ``sent``/``received`` (direction -> ``[messages, bytes]``), ``nonfinite`` (``[call,
+    line, count]`` of the first calls that made inf or NaN from finite operands)."""
 
     @property
     def tokens(self) -> int:

@@ -902,8 +902,7 @@ class Backend:
                      disable_licm=False):
         """Python's ``range`` of ``(start, end, step)``; Triton's pipelining and unrolling
         hints are taken and change nothing (``tl.range`` is the same)."""
-        args = (start,) if end is None else (start, end) if step is None else (start, end, step)
-        return range(*args)
+        return range(start) if end is None else range(start, end, 1 if step is None else step)
 
     range = static_range
 

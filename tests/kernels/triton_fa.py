@@ -25,8 +25,9 @@ def fa_kernel(Q, K, V, O, T_q, S_kv, h_q, h_kv, D, C, P, *, tl, BLOCK_N: tl.cons
             for start in range(0, n, BLOCK_N):
                 rows = start + offs_n
                 ptrs = rows[:, None] * stride + (hk * D + offs_d)[None, :] * 2
-                k = tl.load(K + ptrs, mask=rows[:, None] < n, other=0.0, eviction_policy="evict_first")
-                v = tl.load(V + ptrs, mask=rows[:, None] < n, other=0.0, cache_modifier=".cg")
+                ok = rows[:, None] < n
+                k = tl.load(K + ptrs, mask=ok, other=0.0, eviction_policy="evict_first")
+                v = tl.load(V + ptrs, mask=ok, other=0.0, cache_modifier=".cg")
                 qk = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * (D ** -0.5)
                 qk = tl.where((rows < n)[None, :], qk, float("-inf"))
                 m_ij = tl.maximum(m_i, tl.max(qk, 1))
@@ -41,7 +42,8 @@ def fa_kernel(Q, K, V, O, T_q, S_kv, h_q, h_kv, D, C, P, *, tl, BLOCK_N: tl.cons
     P_rows = tl.cdiv(P, 4)
     last = min(4, P - 4 * row) - 1
     for into, to, rcv, snd in (("intra_E", "intra_W", col < last, col > 0),
-                               ("intra_S", "intra_N", col == 0 and row < P_rows - 1, col == 0 and row > 0),
+                               ("intra_S", "intra_N", col == 0 and row < P_rows - 1,
+                                col == 0 and row > 0),
                                ("E", "W", pid == 0 and cid < C - 1, pid == 0 and cid > 0)):
         if rcv:
             new = []
@@ -61,4 +63,5 @@ def fa_kernel(Q, K, V, O, T_q, S_kv, h_q, h_kv, D, C, P, *, tl, BLOCK_N: tl.cons
                 tl.send(dir=to, src=a)
             return
     for t, hk, m, l, a in out:
-        tl.store(O + ((t * h_q + hk * G + offs_g)[:, None] * D + offs_d[None, :]) * 2, a / l[:, None])
+        o_ptrs = O + ((t * h_q + hk * G + offs_g)[:, None] * D + offs_d[None, :]) * 2
+        tl.store(o_ptrs, a / l[:, None])

@@ -3,6 +3,8 @@ from point-to-point messages) and each call under a tag of its own, so that they
 as MPI's do: every rank calls them in the same order. Reductions go in rank order."""
 from __future__ import annotations
 
+import functools
+import operator
 import pickle
 from typing import Any, Callable, List, Optional, Sequence
 
@@ -40,21 +42,21 @@ class Collectives:
     def _next(self) -> int:
         return next(self._collectives)
 
-    def _scatter_bytes(self, payloads: Sequence[Optional[bytes]], tag: int) -> None:
+    def _to_each(self, payloads: Sequence[bytes], tag: int) -> None:
         for dest, payload in enumerate(payloads):
-            if payload is not None:
-                self._put(payload, dest, tag, "coll")
+            self._put(payload, dest, tag, "coll")
+
+    def _from_each(self, tag: int) -> List[bytes]:
+        return [self.world.wait(self._take(r, tag, "coll")).payload for r in range(self.size)]
 
     def _gather_bytes(self, payload: bytes, root: int, tag: int) -> Optional[List[bytes]]:
         self._put(payload, root, tag, "coll")
-        if self.rank != root:
-            return None
-        return [self.world.wait(self._take(r, tag, "coll")).payload for r in range(self.size)]
+        return self._from_each(tag) if self.rank == root else None
 
     def _all_bytes(self, payload: bytes) -> List[bytes]:
         tag = self._next()
-        self._scatter_bytes([payload] * self.size, tag)
-        return [self.world.wait(self._take(r, tag, "coll")).payload for r in range(self.size)]
+        self._to_each([payload] * self.size, tag)
+        return self._from_each(tag)
 
     def gather(self, obj: Any, root: int = 0) -> Optional[List[Any]]:
         got = self._gather_bytes(pickle.dumps(obj), root, self._next())
@@ -63,20 +65,16 @@ class Collectives:
     def bcast(self, obj: Any = None, root: int = 0) -> Any:
         tag = self._next()
         if self.rank == root:
-            self._scatter_bytes([pickle.dumps(obj)] * self.size, tag)
+            self._to_each([pickle.dumps(obj)] * self.size, tag)
         return pickle.loads(self.world.wait(self._take(root, tag, "coll")).payload)
 
     def allgather(self, obj: Any) -> List[Any]:
         return [pickle.loads(b) for b in self._all_bytes(pickle.dumps(obj))]
 
     def allreduce(self, obj: Any, op=None) -> Any:
-        every = self.allgather(obj)
-        if op is None or op is MPI.SUM:
-            total = every[0]
-            for x in every[1:]:
-                total = total + x
-            return total
-        raise NotImplementedError("in-process allreduce takes SUM only")
+        if op not in (None, MPI.SUM):
+            raise NotImplementedError("in-process allreduce takes SUM only")
+        return functools.reduce(operator.add, self.allgather(obj))
 
     def Ibarrier(self) -> Request:
         key = (self.context, "barrier", self._next())
@@ -85,14 +83,13 @@ class Collectives:
             self.world.cond.notify_all()
         return Request(self.world, lambda: self.world.arrived[key] >= self.size)
 
-    def Barrier(self) -> None:
-        self.Ibarrier().Wait()
-
     def Allgather(self, sendbuf, recvbuf) -> None:
         copy_into(recvbuf, b"".join(self._all_bytes(as_bytes(sendbuf))), "Allgather")
 
     def Reduce(self, sendbuf, recvbuf, op=None, root: int = 0) -> None:
         """In rank order, ``x0 op (x1 op (... op x_{n-1}))``, as MPI defines it."""
+        if not (isinstance(op, Op) or op in (None, MPI.SUM)):
+            raise NotImplementedError("in-process Reduce takes SUM or a user operator")
         mine = np.ascontiguousarray(sendbuf[0] if isinstance(sendbuf, (list, tuple))
                                     else sendbuf)
         got = self._gather_bytes(mine.tobytes(), root, self._next())
@@ -102,12 +99,9 @@ class Collectives:
         acc = parts[-1]
         for part in reversed(parts[:-1]):
             if isinstance(op, Op):
-                op.fn(memoryview(part), memoryview(acc), None)
-            elif op is None or op is MPI.SUM:
-                acc = part + acc
-                continue
+                op.fn(memoryview(part), memoryview(acc), None)     # acc = part op acc
             else:
-                raise NotImplementedError("in-process Reduce takes SUM or a user operator")
+                acc = part + acc
         copy_into(recvbuf, acc.tobytes(), "Reduce")
 
     def Gatherv(self, sendbuf, recvbuf, root: int = 0) -> None:
@@ -119,6 +113,5 @@ class Collectives:
         data, (counts, displs) = sendbuf
         flat = np.ascontiguousarray(data).reshape(-1)
         tag = self._next()
-        self._scatter_bytes([flat[a:a + n].tobytes() for n, a in zip(counts, displs)], tag)
-        place(recvbuf, [self.world.wait(self._take(r, tag, "coll")).payload
-                         for r in range(self.size)])
+        self._to_each([flat[a:a + n].tobytes() for n, a in zip(counts, displs)], tag)
+        place(recvbuf, self._from_each(tag))

@@ -45,12 +45,6 @@ class Comm(Collectives):
         self._made = itertools.count()
         self._collectives = itertools.count()
 
-    def Get_rank(self) -> int:
-        return self.rank
-
-    def Get_size(self) -> int:
-        return self.size
-
     def Get_name(self) -> str:
         return self.name
 

@@ -25,8 +25,7 @@ class Message:
 class World:
     """What the ranks of one in-process run share: the mailboxes and the abort."""
 
-    def __init__(self, size: int):
-        self.size = size
+    def __init__(self):
         self.cond = threading.Condition()
         self.boxes: Dict[Tuple[Hashable, int], List[Message]] = defaultdict(list)
         self.arrived: Dict[Hashable, int] = defaultdict(int)
@@ -73,19 +72,16 @@ class World:
 
 
 class Status:
-    """The source, tag and byte count of a probed or received message."""
+    """The source and byte count of a probed or received message."""
 
     def __init__(self):
-        self.source, self.tag, self.count = MPI.ANY_SOURCE, MPI.ANY_TAG, 0
+        self.source, self.count = MPI.ANY_SOURCE, 0
 
     def fill(self, m: Message) -> None:
-        self.source, self.tag, self.count = m.source, m.tag, len(m.payload)
+        self.source, self.count = m.source, len(m.payload)
 
     def Get_source(self) -> int:
         return self.source
-
-    def Get_tag(self) -> int:
-        return self.tag
 
     def Get_count(self, datatype=None) -> int:
         """The message's size in bytes (gqa_mpi asks in ``MPI.BYTE`` only)."""
@@ -111,9 +107,6 @@ class Request:
 
     def test(self) -> Tuple[bool, Any]:
         return self.Test(), self.value
-
-    def wait(self) -> Any:
-        return self.Wait()
 
 
 def as_bytes(buf) -> bytes:
